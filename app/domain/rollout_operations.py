@@ -168,7 +168,8 @@ def _why_not(rollout: Rollout) -> str:
         case RolloutState.ROLLING_BACK:
             return f"it is already rolling back to revision {rollout.from_revision}"
         case RolloutState.ROLLED_BACK:
-            return f"it was rolled back to revision {rollout.from_revision} ({rollout.outcome})"
+            # Its outcome says where it went back to, and why.
+            return f"it was {rollout.outcome or f'rolled back to revision {rollout.from_revision}'}"
         case RolloutState.ENDED:
             return f"it ended: {rollout.outcome}"
         case RolloutState.SUCCEEDED:

@@ -505,6 +505,27 @@ def test_a_rollback_that_is_home_in_the_pass_that_decided_it_finishes_with_its_r
     assert rolled_back.reason.startswith("1 replica(s) of revision 2 failed to start")
 
 
+def test_a_rolled_back_rollout_refuses_a_pause_saying_why_once() -> None:
+    cluster = serving(max_failures=1)
+    revise(cluster, "sim --port {port} --model {model} --exit-at-start")
+    cluster.reconcile()  # the step starts
+    cluster.reconcile()  # the first move: a replica of revision 2 is placed
+    [new] = [r for r in cluster.state.replicas.values() if r.revision == 2]
+    shard = new.shards[0]
+    cluster.given(
+        ShardStarting(replica_id=new.id, shard_index=0, node_id=shard.node_id),
+        ShardFailed(replica_id=new.id, shard_index=0, node_id=shard.node_id, error="exit 1"),
+    )
+    [finished] = of_type(cluster.reconcile(), RolloutFinished)
+
+    with pytest.raises(InvalidOperation) as refused:
+        rollouts.pause(cluster.state, "llama", "")
+
+    assert str(refused.value) == (
+        f"rollout {finished.rollout_id} cannot be paused: it was {finished.outcome}"
+    )
+
+
 def test_failures_while_paused_count_and_roll_the_rollout_back_at_max_failures() -> None:
     cluster = serving(max_failures=2, max_surge=2)
     revise(cluster, "sim --port {port} --model {model} --exit-at-start")
