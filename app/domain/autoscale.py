@@ -98,6 +98,12 @@ class DemandSample(msgspec.Struct, frozen=True, array_like=True):
     """How far back the sample stands for: None, since the sample before it; after a gap in
     the passes, one pass interval, the time before that back to the sample before it being
     unknown."""
+    heard_within_s: float | None = None
+    """A live gateway's traffic window held a request to one of the model's replicas (one
+    answered, failed or cancelled): it ended at most this long before the sample, the
+    longest window the gateways report. None when no window held one, or none was read (a
+    model whose minimum is above 0). Demand is what is in flight at the sample, which a
+    short request now and then almost never is: this is how such a model is not idle."""
 
 
 class ScaleDecision(msgspec.Struct, frozen=True, kw_only=True):
@@ -125,6 +131,7 @@ def observe(
     *,
     pass_interval_s: float,
     partial: bool = False,
+    heard: Mapping[str, float] | None = None,
 ) -> dict[str, tuple[DemandSample, ...]]:
     """The samples after this pass: each autoscaled model's demand now (0 when the
     gateways report none for it), older samples kept for its longest window. ``None``:
@@ -135,7 +142,8 @@ def observe(
     apart passes come when nothing wakes them; a sample more than ``GAP_PASSES`` of them
     after the one before it stands for one of them, the rest of the gap unknown. A ``now``
     before the latest sample (the clock stepped back) forgets the samples, as a leader
-    that starts has none."""
+    that starts has none. ``heard``: the models some gateway's window holds a request of,
+    with that window's length (``app.domain.autoscale_heard``)."""
     kept: dict[str, tuple[DemandSample, ...]] = {}
     gap = timedelta(seconds=GAP_PASSES * pass_interval_s)
     for name, model in models.items():
@@ -158,6 +166,7 @@ def observe(
             float(demand.get(name, 0.0)),
             partial=partial,
             stands_for_s=pass_interval_s if after_gap else None,
+            heard_within_s=None if heard is None else heard.get(name),
         )
         kept[name] = (*earlier, sample)
     return kept
@@ -474,9 +483,17 @@ def _latest_partial(samples: Sequence[DemandSample], since: datetime) -> datetim
 
 def _idle(samples: Sequence[DemandSample], now: datetime, window_s: float) -> bool:
     """Whether no sample of the last ``window_s`` (the latest, when none is that recent)
-    holds demand or leaves a silent gateway's out, and the samples watched the whole of it
-    (as ``_Timeline.watched``). One walk back from the latest sample, which stops at the
-    first request: no timeline of a spell that may hold a day of samples."""
+    holds demand or leaves a silent gateway's out, none heard of a request made within it,
+    and the samples watched the whole of it (as ``_Timeline.watched``). One walk back from
+    the latest sample, which stops at the first request: no timeline of a spell that may
+    hold a day of samples.
+
+    A sample heard of a request that ended at most ``heard_within_s`` before it: only one
+    taken that long after the spell's start is sure the request came within the spell, so
+    with a spell at least as long as the gateways' window the samples of its last
+    ``window_s - heard_within_s`` tell (to a window's slot) whether any came. The latest
+    sample's word counts whatever the spell: a spell shorter than the window then ends at
+    most a window after the last request, rather than before it."""
     late_s = min(COVERED_SLACK_S, window_s / 10)
     start = now - timedelta(seconds=window_s)
     if samples[0].at > start + timedelta(seconds=late_s):
@@ -487,6 +504,10 @@ def _idle(samples: Sequence[DemandSample], now: datetime, window_s: float) -> bo
         if sample.at < start and i < len(samples) - 1:
             break
         if sample.demand != 0 or sample.partial:
+            return False
+        if sample.heard_within_s is not None and (
+            i == len(samples) - 1 or sample.at - timedelta(seconds=sample.heard_within_s) >= start
+        ):
             return False
         if i and sample.stands_for_s is not None:
             before = samples[i - 1].at

@@ -44,6 +44,7 @@ import structlog
 from app.clock import utc_now
 from app.domain import autoscale
 from app.domain.adoption_grace import Arrivals, GraceState
+from app.domain.autoscale_heard import heard_within, replicas_to_hear
 from app.domain.decision import Decision, PlannedEvent
 from app.domain.envelope import Meta
 from app.domain.events import MODEL_STREAM_PREFIX, event_type
@@ -203,6 +204,15 @@ class Reconciler:
             return {}
         return await self._in_flight.read_queued()
 
+    async def _heard(self, state: ClusterState) -> dict[str, float]:
+        """The models that may go to zero whose replicas some live gateway's traffic window
+        holds a request of (``app.domain.autoscale_heard``): one query, and only when some
+        model may go to zero and has a replica to ask of."""
+        groups = replicas_to_hear(state)
+        if self._in_flight is None or not any(groups.values()):
+            return {}
+        return heard_within(await self._in_flight.traffic_of_groups(groups))
+
     async def _read_for_holds(
         self, wanted: _HoldReads
     ) -> tuple[dict[str, TrafficFigures], dict[str, int]]:
@@ -230,6 +240,7 @@ class Reconciler:
             self.gateways = gateways
             in_flight = gateways.in_flight
             queued = await self._queued(self._store.state)
+            heard = await self._heard(self._store.state)
             wanted = _hold_reads(self._store.state)
             traffic, ejected = await self._read_for_holds(wanted)
             async with self._tracker.quiet():
@@ -254,6 +265,7 @@ class Reconciler:
                     at,
                     pass_interval_s=self._interval_s,
                     partial=gateways.silent > 0,
+                    heard=heard,
                 )
                 self._left_routing = note_left_routing(self._left_routing, state)
                 fleet = msgspec.structs.replace(
