@@ -10,6 +10,7 @@ from app.gateway.reporter import (
     GatewayReporter,
     InFlightCounter,
     QueuedCounter,
+    TrafficReader,
 )
 from app.gateway.source import PostgresSnapshotSource
 
@@ -33,11 +34,12 @@ async def reporting_gateway(
     in_flight: InFlightCounter,
     *,
     queued: QueuedCounter | None = None,
+    traffic: TrafficReader | None = None,
     report_interval_s: float = DEFAULT_REPORT_INTERVAL_S,
     refresh_interval_s: float | None = None,
 ) -> ReportingGateway:
-    """Started (the caller closes it): it reports ``in_flight()`` and ``queued()`` with the
-    position of the routing table its source has read."""
+    """Started (the caller closes it): it reports ``in_flight()``, ``queued()`` and
+    ``traffic()`` with the position of the routing table its source has read."""
     source = (
         PostgresSnapshotSource(database_url, gateway_id=gateway_id)
         if refresh_interval_s is None
@@ -51,6 +53,7 @@ async def reporting_gateway(
         in_flight=in_flight,
         routing_position=source.routing_position,
         queued=queued,
+        traffic=traffic,
         report_interval_s=report_interval_s,
     )
     await source.start()

@@ -1,0 +1,143 @@
+"""A model that may go to zero, whose requests are short and few, through a real leader
+and a gateway's real reports: at every pass the gateway has nothing in flight, yet while
+its traffic window holds a request to the model's replica the last replica stays; once
+the window is empty and ``idle_to_zero_s`` has passed, the model goes to zero."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.bootstrap import AgentHubConfig, leader_wiring
+from app.domain.envelope import Meta
+from app.domain.events import ModelDeclared, model_stream
+from app.domain.model_spec import AutoscalePolicy, ModelSpec
+from app.domain.traffic import Outcome
+from app.gateway.traffic import TrafficWindow
+from app.services.control_plane import ControlPlaneConfig, Leader
+from app.services.leader import LeaderElection
+from app.store.gateway_reports import TrafficReport
+from app.store.interface import NewEvent
+from app.store.postgres import PostgresEventStore
+from tests.support.fake_agents import LOOPBACK, AgentPki, fake_agent, make_pki
+from tests.support.reporting_gateway import reporting_gateway
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+WINDOW_S = 2.0
+"""The gateway's traffic window: shorter than the idle spell, so the spell is exact."""
+POLICY = AutoscalePolicy(
+    min_replicas=0,
+    max_replicas=1,
+    target=1.0,
+    up_window_s=0.0,
+    down_window_s=0.5,
+    idle_to_zero_s=3.0,
+)
+PASSES_OVER_IDLE_SPELLS = 30
+"""At 0.2 s a pass, two idle spells and more: long past when the model would go."""
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> AgentPki:
+    return make_pki(tmp_path_factory.mktemp("idle-heard-pki"))
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def leader(
+    pg_store: PostgresEventStore, database_url: str, pki: AgentPki
+) -> AsyncIterator[Leader]:
+    election = LeaderElection(database_url, "test-leader-idle-heard")
+    epoch = await election.acquire()
+    config = ControlPlaneConfig(
+        server_id="test-leader-idle-heard",
+        agent_host=LOOPBACK,
+        agent_port=0,
+        reconcile_interval_s=0.2,
+    )
+    hub = AgentHubConfig(
+        tls=pki.server_context(), heartbeat_interval_s=0.5, heartbeat_timeout_s=10.0
+    )
+    leader = Leader(
+        pg_store, config, epoch, leader_wiring(pg_store, database_url, hub, config.server_id)
+    )
+    await leader.start()
+    try:
+        yield leader
+    finally:
+        await leader.stop()
+        await election.close()
+
+
+class FrozenClock:
+    """The gateway window's clock, moved only by the test: a request recorded stays in the
+    window until the test moves the clock a window on."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_request_in_the_gateways_window_keeps_the_last_replica_until_it_leaves_it(
+    leader: Leader,
+    pki: AgentPki,
+    pg_store: PostgresEventStore,
+    engine: AsyncEngine,
+    database_url: str,
+) -> None:
+    model, node_id = f"m-{uuid.uuid4().hex[:6]}", f"gpu-{uuid.uuid4().hex[:8]}"
+    reconciler = leader.reconciler
+    assert reconciler is not None
+    clock = FrozenClock()
+    window = TrafficWindow(window_s=WINDOW_S, slots=4, clock=clock)
+    gateway = await reporting_gateway(
+        database_url,
+        f"gw-{node_id}",
+        dict,  # nothing in flight at any report: each request is over before one is written
+        traffic=lambda: TrafficReport(window_s=window.window_s, replicas=window.report()),
+        report_interval_s=0.05,
+    )
+    operator = PostgresEventStore(engine)
+    spec = ModelSpec(
+        name=model,
+        command="llmgw-sim-engine --port {port} --model {model}",
+        replicas=1,
+        autoscale=POLICY,
+    )
+    try:
+        async with fake_agent(leader.hub.port, pki, node_id, gpus=1):
+            await operator.append(
+                model_stream(model),
+                None,
+                [NewEvent(ModelDeclared(model=model, spec=spec))],
+                Meta(actor="operator:alice"),
+            )
+            await wait_until(
+                lambda: any(r.model == model for r in pg_store.state.replicas.values()),
+                what="the model's replica placed",
+            )
+            [replica_id] = [r.id for r in pg_store.state.replicas.values() if r.model == model]
+            window.record(replica_id, Outcome.ANSWERED, latency_s=0.05)
+
+            heard_from = reconciler.pass_count
+            await wait_until(
+                lambda: reconciler.pass_count > heard_from + PASSES_OVER_IDLE_SPELLS,
+                what="passes over two idle spells",
+            )
+            assert pg_store.state.models[model].spec.replicas == 1
+            assert reconciler.last_demand().get(model) == 0
+
+            # A window later the request has left it: the idle spell runs, and the model goes.
+            clock.now += WINDOW_S
+            await wait_until(
+                lambda: pg_store.state.models[model].spec.replicas == 0, what="scaled to zero"
+            )
+    finally:
+        await gateway.close()
