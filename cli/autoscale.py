@@ -124,7 +124,9 @@ def autoscale(
             converter=NumberWithin(0, MAX_WINDOW_S),
             help="With --min 0, seconds without any request before the last replica goes "
             "(0 to 86400); a scale-down too, it also waits --down-window (times "
-            "--down-window-min-share): the longer of the two.",
+            "--down-window-min-share): the longer of the two. Requests are heard through "
+            "the gateways' traffic windows (60 s): below a window, the last replica goes "
+            "once no window holds a request, at most a window after the last one.",
         ),
     ] = None,
     max_step: Annotated[

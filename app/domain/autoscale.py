@@ -20,8 +20,10 @@ it scales up at once when demand says so but down only once it has watched a who
   span needing at most ``c`` (a fall to half the demand is as clear after half the window
   as a fall by one replica after the whole of it);
 - by at most ``max_step`` replicas a decision, never outside ``[min, max]``;
-- **to zero** (``min`` 0) only after ``idle_to_zero_s`` without any demand, and back to one
-  as soon as a request is held for it;
+- **to zero** (``min`` 0) only after ``idle_to_zero_s`` without any request: no demand
+  sampled, and no gateway's traffic window heard of a request made in that span
+  (``DemandSample.heard_within_s``, ``_idle``); back to one as soon as a request is held
+  for it;
 - **not at all** while no gateway reports: a pass that hears from none takes no sample
   and forgets those it had (``observe`` with ``None``), so the count holds, and once heard
   again waits a whole window before it comes down, as after a failover. Silence is not
