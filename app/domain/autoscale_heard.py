@@ -32,6 +32,8 @@ def replicas_to_hear(state: ClusterState) -> dict[str, list[str]]:
         and model.spec.autoscale.min_replicas == 0
         and not model.removed
     }
+    if not groups:  # the common case: no walk over every replica the state knows
+        return groups
     for replica_id, replica in state.replicas.items():
         members = groups.get(replica.model)
         if members is not None:

@@ -88,8 +88,9 @@ def _hold_reads(state: ClusterState) -> _HoldReads:
 class InFlightSource(Protocol):
     """What gateways report: ``app.store.gateway_reports.InFlightReports``. Requests in
     flight per replica, read every pass; requests held queued per model, when a model is
-    autoscaled; and, when a rollout's verdict needs them, what they measured of groups of
-    replicas and which replicas they keep out of rotation for failing."""
+    autoscaled; and what they measured of groups of replicas, when a rollout's verdict
+    needs it or a model may go to zero (whether its requests are in their windows), and
+    which replicas they keep out of rotation for failing."""
 
     async def read_gateways(self) -> GatewaysInFlight: ...
 
