@@ -483,7 +483,8 @@ def test_a_revision_whose_replicas_fail_to_start_is_rolled_back_and_the_old_ones
     assert active_revisions(cluster) == [1, 1, 1, 1]
 
 
-def test_a_rollback_that_is_home_in_the_pass_that_decided_it_finishes_with_its_reason() -> None:
+def first_new_replica_failed() -> Cluster:
+    """A rollout allowed one failure, whose first replica of revision 2 just failed."""
     cluster = serving(max_failures=1)
     revise(cluster, "sim --port {port} --model {model} --exit-at-start")
     cluster.reconcile()  # the step starts
@@ -494,6 +495,11 @@ def test_a_rollback_that_is_home_in_the_pass_that_decided_it_finishes_with_its_r
         ShardStarting(replica_id=new.id, shard_index=0, node_id=shard.node_id),
         ShardFailed(replica_id=new.id, shard_index=0, node_id=shard.node_id, error="exit 1"),
     )
+    return cluster
+
+
+def test_a_rollback_that_is_home_in_the_pass_that_decided_it_finishes_with_its_reason() -> None:
+    cluster = first_new_replica_failed()
 
     decision = cluster.reconcile()
 
@@ -506,16 +512,7 @@ def test_a_rollback_that_is_home_in_the_pass_that_decided_it_finishes_with_its_r
 
 
 def test_a_rolled_back_rollout_refuses_a_pause_saying_why_once() -> None:
-    cluster = serving(max_failures=1)
-    revise(cluster, "sim --port {port} --model {model} --exit-at-start")
-    cluster.reconcile()  # the step starts
-    cluster.reconcile()  # the first move: a replica of revision 2 is placed
-    [new] = [r for r in cluster.state.replicas.values() if r.revision == 2]
-    shard = new.shards[0]
-    cluster.given(
-        ShardStarting(replica_id=new.id, shard_index=0, node_id=shard.node_id),
-        ShardFailed(replica_id=new.id, shard_index=0, node_id=shard.node_id, error="exit 1"),
-    )
+    cluster = first_new_replica_failed()
     [finished] = of_type(cluster.reconcile(), RolloutFinished)
 
     with pytest.raises(InvalidOperation) as refused:
