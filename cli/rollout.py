@@ -143,8 +143,8 @@ def pause(
     connection: ConnectionFlags | None = None,
 ) -> int:
     """Pause the model's rollout where it is: moves under way finish, no new one starts,
-    no verdict is reached. Pausing a paused rollout records nothing; one rolling back or
-    finished cannot be paused (exit 1).
+    no verdict is reached. Pausing a paused rollout records nothing (and says why it is
+    paused); one rolling back or finished cannot be paused (exit 1).
 
     ```
     llmgw-cli rollout pause llama-3-8b --reason 'TTFT looks high'
@@ -154,7 +154,10 @@ def pause(
 
     def said(view: RolloutView, changed: bool) -> str:
         if not changed:
-            return f"{view.rollout_id}: already paused, nothing recorded"
+            # Paused already, by its verdict or an operator: this reason was not recorded,
+            # so say the one that stands.
+            why = f" ({view.pause_reason})" if view.pause_reason else ""
+            return f"{view.rollout_id}: already paused{why}, nothing recorded"
         return (
             f"{view.rollout_id}: paused at step {step_text(view)}; moves under way finish, "
             f"no new one starts (llmgw-cli rollout resume {model} goes on)"

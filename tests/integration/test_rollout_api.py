@@ -390,7 +390,9 @@ async def test_pause_and_resume_say_what_they_recorded_and_when_they_recorded_no
         f"{model} goes on)",
         f"follow it: llmgw-cli rollout status {model} --wait",
     ]
-    assert paused_again.stdout == f"rollout-{model}-r2: already paused, nothing recorded\n"
+    assert paused_again.stdout == (
+        f"rollout-{model}-r2: already paused (night freeze), nothing recorded\n"
+    )
     assert (resumed.json()["changed"], resumed.json()["rollout"]["state"]) == (True, "running")
     assert [event_type(e.event) for e in events][-2:] == ["rollout_paused", "rollout_resumed"]
     assert events[-2].event.reason == "night freeze"  # type: ignore[union-attr]
