@@ -21,6 +21,7 @@ from app.domain.events import (
     model_stream,
 )
 from app.domain.free_text import reason_errors
+from app.domain.keys import utc_text
 from app.domain.model_operations import declared_model, find_model
 from app.domain.model_spec import CanaryStep
 from app.domain.move_views import MoveView, moves_of
@@ -159,7 +160,7 @@ def _described(rollout: Rollout) -> str:
     now = rollout.state.value.replace("_", " ")
     return (
         f"{rollout.id}, revision {rollout.from_revision} -> {rollout.revision}, {now}, "
-        f"started at {rollout.started_at.isoformat()}"
+        f"started at {utc_text(rollout.started_at)}"
     )
 
 

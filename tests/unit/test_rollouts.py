@@ -29,6 +29,7 @@ from app.domain.events import (
     ShardFailed,
     ShardStarting,
 )
+from app.domain.keys import utc_text
 from app.domain.model_spec import (
     AutoscalePolicy,
     CanaryStep,
@@ -1085,4 +1086,6 @@ def test_an_undo_naming_a_rollout_the_model_never_had_says_so_and_records_nothin
         "rollout-llama-r<revision>, and its revisions go up to 2); the model's rollout is "
         "rollout-llama-r2, revision 1 -> 2, succeeded, started at "
     )
+    started = cluster.state.models["llama"].rollout.started_at  # type: ignore[union-attr]
+    assert f"started at {utc_text(started)}; nothing was recorded" in str(refused.value)
     assert cluster.state.models["llama"].revision == 2
