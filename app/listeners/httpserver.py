@@ -234,8 +234,8 @@ class HttpConnection(asyncio.Protocol):
                 self._reading.end()
                 self._reading = None
             return
-        except httptools.HttpParserError:
-            self._unparsable()
+        except httptools.HttpParserError as exc:
+            self._unparsable(str(exc))
             return
         # Counted after parsing: a chunk that completes the head may carry body too.
         if self._reading_head and not self._lingering:
@@ -244,12 +244,13 @@ class HttpConnection(asyncio.Protocol):
             if self._head_bytes > limit:
                 self._refuse(431, f"Request headers over {limit} bytes.")
 
-    def _unparsable(self) -> None:
-        """httptools refused what came: a 400, unless it came after the connection's last
-        request (httptools refuses any byte there), which is answered while nothing after
-        it is read (RFC 9112, 9.6)."""
+    def _unparsable(self, reason: str) -> None:
+        """httptools refused what came: a 400 naming what it found wrong (a control byte in
+        a header value, say), so that a client can tell which part of its request to fix,
+        unless it came after the connection's last request (httptools refuses any byte
+        there), which is answered while nothing after it is read (RFC 9112, 9.6)."""
         if not self._read_last:
-            self._refuse(400, "Invalid HTTP request received.")
+            self._refuse(400, f"Invalid HTTP request received: {reason.rstrip('.')}.")
 
     def pause_writing(self) -> None:
         self.write_paused = True

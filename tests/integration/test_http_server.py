@@ -561,6 +561,29 @@ async def test_a_request_that_does_not_parse_is_answered_400_and_closed(
     assert app.seen == []
 
 
+@pytest.mark.parametrize(
+    ("request_bytes", "reason"),
+    [
+        pytest.param(
+            b"GET /a HTTP/1.1\r\nHost: t\r\nX-Session-Id: \x01\r\n\r\n",
+            b"Invalid header value char",
+            id="control-in-value",
+        ),
+        pytest.param(b"GET /a\x01 HTTP/1.1\r\nHost: t\r\n\r\n", b"Invalid char in url", id="url"),
+        pytest.param(b"NOT HTTP AT ALL\r\n\r\n", b"Invalid method", id="method"),
+    ],
+)
+async def test_a_request_that_does_not_parse_is_told_what_the_parser_found(
+    request_bytes: bytes, reason: bytes
+) -> None:
+    async with serving(Echo()) as (_, port):
+        client = await Client.to(port)
+        await client.send(request_bytes)
+        _, _, body = await client.answer()
+        await client.close()
+    assert reason in body, body
+
+
 SMUGGLED = b"GET /smuggled HTTP/1.1\r\nHost: t\r\n\r\n"
 """A request pipelined after one whose framing is in question: answered only if the server
 read the one before it as a proxy in front of it might not have."""
