@@ -64,9 +64,11 @@ def token_estimate(fields: RoutingFields, body_bytes: int, *, generates: bool) -
 
 def parse_fields(body: bytes) -> RoutingFields:
     """The body's ``RoutingFields``; 400 for a body that is not a JSON object naming a
-    model, or that nests too deeply to read."""
+    model, or that nests too deeply to read. An empty ``model`` is refused here, as an
+    upload's is, rather than looked up: "the model `` does not exist" would leave the
+    client to guess that it sent none."""
     try:
-        return _decode_fields(body)
+        fields = _decode_fields(body)
     except msgspec.ValidationError as exc:
         raise invalid_request(f"Invalid request body: {exc}", param=_param_of(exc)) from None
     except msgspec.DecodeError as exc:
@@ -83,6 +85,13 @@ def parse_fields(body: bytes) -> RoutingFields:
             "The request body nests arrays and objects too deeply for the gateway to read "
             "(about 1,000 levels); no OpenAI request comes close."
         ) from None
+    if not fields.model:
+        raise invalid_request(
+            "The request body's `model` is empty: name the model to use "
+            "(GET /v1/models lists those your key may use).",
+            param="model",
+        )
+    return fields
 
 
 _FIELD_AT = re.compile(r"- at `\$\.([a-z_]+)`$|missing required field `([a-z_]+)`$")

@@ -14,6 +14,7 @@ from app.gateway.request_body import parse_fields
     [
         (b'{"model": 7}', "model"),
         (b'{"model": null}', "model"),
+        (b'{"model": ""}', "model"),
         (b'{"messages": []}', "model"),
         (b'{"model": "m", "stream": "yes"}', "stream"),
         (b'{"model": "m", "stream": {"nested": true}}', "stream"),
