@@ -128,6 +128,14 @@ class KeyCheck:
         presented = None
         if header is not None and header[:7].lower() == _BEARER:
             presented = header[7:].strip().decode("latin-1")
+        elif header is not None and header.strip():
+            # Checked no further, so it spends nothing: a key pasted as the whole header
+            # (or another scheme's credentials) is a slip, not a guess. Not told back: it
+            # may hold a secret.
+            raise invalid_api_key(
+                "The Authorization header is not in the form `Authorization: Bearer <key>`: "
+                "send the API key after `Bearer `."
+            )
         if not presented:
             raise invalid_api_key("Missing API key: send it as `Authorization: Bearer <key>`.")
         prefix = prefix_of(presented)

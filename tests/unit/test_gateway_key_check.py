@@ -215,3 +215,32 @@ def test_a_key_once_verified_is_not_served_when_its_header_comes_twice(
         check.authenticate(snapshot, twice(key, key))
 
     assert refused.value.status == 400
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        pytest.param("{key}", id="the-key-alone"),
+        pytest.param("Token {key}", id="another-scheme"),
+        pytest.param("Basic Zm9vOmJhcg==", id="basic"),
+    ],
+)
+def test_a_key_sent_without_the_bearer_scheme_is_told_so_and_spends_nothing(
+    authorization: str, hashes: list[str]
+) -> None:
+    """A key pasted as the whole header is a common slip; "Missing API key" told its
+    sender the key had not come at all."""
+    key, record = key_and_record()
+    failures = FailureBudget(FailureLimits(burst=1, per_minute=1))
+    check = KeyCheck(failures=failures)
+    scope: Scope = {
+        "headers": [(b"authorization", authorization.format(key=key).encode())],
+        "client": ("127.0.0.9", 9),
+    }
+    for _ in range(3):
+        with pytest.raises(ApiError) as refused:
+            check.authenticate(GatewaySnapshot(keys={record.prefix: record}), scope)
+        assert (refused.value.status, refused.value.code) == (401, "invalid_api_key")
+        assert "`Authorization: Bearer <key>`" in refused.value.message
+        assert "not in the form" in refused.value.message
+    assert hashes == []  # no key checked, so no failure spent: still 401, never 429
