@@ -51,6 +51,10 @@ that adopted it, stalling the whole cluster."""
 MAX_EXIT_CODE = 255
 """An exit status is 0-255; minus a signal's number (down to -255) is a death by signal, as
 Python's ``returncode`` says it."""
+MAX_HEARTBEAT_SEQ = 2**63 - 1
+"""An agent counts its heartbeats from 0 on each connection, one every interval: it would
+take billions of years to reach this. Before, any integer msgspec read (a thousand digits)
+was taken and echoed back in the ``heartbeat_ack``."""
 MAX_XID = 65_535
 """NVIDIA's Xid codes are in the low hundreds; this leaves them room to grow."""
 
@@ -84,6 +88,7 @@ Mebibytes = Annotated[int, msgspec.Meta(ge=0)]
 Pid = Annotated[int, msgspec.Meta(ge=1, le=MAX_PID)]
 ExitCode = Annotated[int, msgspec.Meta(ge=-MAX_EXIT_CODE, le=MAX_EXIT_CODE)]
 Xid = Annotated[int, msgspec.Meta(ge=0, le=MAX_XID)]
+HeartbeatSeq = Annotated[int, msgspec.Meta(ge=0, le=MAX_HEARTBEAT_SEQ)]
 AwareDatetime = Annotated[datetime, msgspec.Meta(tz=True)]
 LogLine = Annotated[str, msgspec.Meta(max_length=MAX_LOG_LINE_CHARS)]
 LogTail = Annotated[tuple[LogLine, ...], msgspec.Meta(max_length=MAX_LOG_TAIL_LINES)]
@@ -243,7 +248,7 @@ class Heartbeat(_Message, frozen=True, kw_only=True, tag="heartbeat", omit_defau
     heartbeat stays small; every receiver reads a missing field as its default, and an older
     control plane ignores ``gpu_memory``."""
 
-    seq: Index
+    seq: HeartbeatSeq
     gpu_changes: Annotated[tuple[GpuHealthChange, ...], msgspec.Meta(max_length=MAX_LISTED)] = ()
     shards: Annotated[tuple[HeartbeatShard, ...], msgspec.Meta(max_length=MAX_LISTED)] = ()
     gpu_memory: Annotated[
@@ -294,7 +299,7 @@ class HeartbeatAck(_Message, frozen=True, kw_only=True, tag="heartbeat_ack"):
     """The control plane's answer to each heartbeat, so a silent server can be told apart
     from an idle one."""
 
-    seq: Index
+    seq: HeartbeatSeq
 
 
 class StartShard(_Message, frozen=True, kw_only=True, tag="start_shard"):

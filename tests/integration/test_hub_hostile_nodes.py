@@ -55,6 +55,7 @@ from tests.support.hub import (
     greet,
     hear,
     hello,
+    hello_apart,
     hub,
     new_node_id,
     pki,
@@ -412,3 +413,24 @@ async def fill_buffers(hub: AgentHub, node_id: str) -> None:
                 await sending
             return
     raise AssertionError("200 commands of half a MiB went to a node that reads nothing")
+
+
+async def test_a_heartbeat_counted_past_any_agents_life_closes_only_that_connection(
+    hub: AgentHub, pki: Pki
+) -> None:
+    """Before, a heartbeat's ``seq`` of any size msgspec reads (a thousand digits) was taken
+    and echoed back in the ``heartbeat_ack``. An agent counts from 0 on each connection, so
+    one past 2**63 - 1 is a lie: that connection is closed (1002, naming the field), and its
+    neighbour is answered as before."""
+    liar_id, honest_id = new_node_id(), new_node_id()
+    async with dial(hub, pki.node(honest_id)) as honest, dial(hub, pki.node(liar_id)) as liar:
+        await greet(honest, honest_id, hello_apart(honest_id))
+        await greet(liar, liar_id)
+        await liar.send(f'{{"type": "heartbeat", "seq": {2**70}}}', text=True)
+
+        assert await answer(liar) is None
+        assert await close_code(liar) == 1002
+        assert "$.seq" in (liar.close_reason or "")
+        await say(honest, Heartbeat(seq=1))
+        assert await hear(honest) == HeartbeatAck(seq=1)
+        assert hub.connected_nodes() == [honest_id]

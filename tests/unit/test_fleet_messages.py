@@ -463,6 +463,7 @@ OUT_OF_RANGE: dict[str, tuple[Callable[[], AgentMessage], str]] = {
     ),
     "xid 2**40": (_gpu_change(xid=2**40), "$.gpu_changes[0].xid"),
     "GPU index 10**9": (_gpu_change(index=10**9), "$.gpu_changes[0].index"),
+    "a heartbeat seq of 2**70": (lambda: Heartbeat(seq=2**70), "$.seq"),
     "a shard's pid in a hello": (
         lambda: _hello(shards=(msgspec.structs.replace(_shard_report(), pid=2**63),)),
         "$.shards[0].pid",
