@@ -43,13 +43,18 @@ def open_gpu_source(
     """Fake GPUs when ``fake_spec`` is given (``"4x80GB"``), otherwise NVML. NVML on a
     machine without the driver reports no GPUs and says why; it never raises for that.
 
-    With a ``health_file``, how many fake GPUs there are (none for NVML) is written beside
-    it, for ``llmgw-agent fake-gpu mark`` to refuse an index the node lacks."""
+    With a ``health_file``, how many fake GPUs there are (none for NVML) and their memory
+    is written beside it, for ``llmgw-agent fake-gpu mark`` and ``use`` to refuse an index
+    the node lacks, and ``use`` more MiB than its GPU has."""
     fake_gpus = None if fake_spec is None else parse_fake_gpus(fake_spec, seed=node_seed)
     if health_file is not None:
         # Without the declaration `mark` only knows less; the agent still runs.
         with contextlib.suppress(OSError):
-            declare_fake_gpus(health_file, None if fake_gpus is None else len(fake_gpus))
+            declare_fake_gpus(
+                health_file,
+                None if fake_gpus is None else len(fake_gpus),
+                memory_mib=fake_gpus[0].memory_total_mib if fake_gpus else None,
+            )
     if fake_gpus is not None:
         return FakeGpuSource(fake_gpus, health_file)
     try:

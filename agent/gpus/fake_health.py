@@ -7,9 +7,10 @@ a FIFO, entries naming GPUs the node lacks. ``read_health_file`` keeps the entri
 what the file holds, so a bad file costs only its own entries, never the node's GPUs.
 
 The running agent writes how many fake GPUs it has to ``fake-gpus.json`` beside the
-health file (``declare_fake_gpus``), so ``mark_fake_gpu`` can refuse an index the node
-lacks. Without that file it knows only ``MAX_FAKE_GPUS``; the agent then ignores an
-unknown index, with a warning.
+health file (``declare_fake_gpus``), with the MiB each has, so ``mark_fake_gpu`` can
+refuse an index the node lacks and ``use_fake_gpu_memory`` more memory than its GPU has.
+Without that file it knows only ``MAX_FAKE_GPUS``; the agent then ignores an unknown index,
+with a warning.
 """
 
 from __future__ import annotations
@@ -76,27 +77,41 @@ def mark_fake_gpu(health_file: Path, index: int, reason: str | None) -> tuple[st
     return current.problems
 
 
-def declare_fake_gpus(health_file: Path, count: int | None) -> None:
-    """Say beside ``health_file`` how many fake GPUs the node has; None: it has none, and
-    an earlier declaration is removed."""
+def declare_fake_gpus(health_file: Path, count: int | None, memory_mib: int | None = None) -> None:
+    """Say beside ``health_file`` how many fake GPUs the node has, and the MiB each has
+    (they share one size) when given; None: it has none, and an earlier declaration is
+    removed."""
     declaration = health_file.with_name(DECLARATION_FILE)
     if count is None:
         with contextlib.suppress(FileNotFoundError):
             declaration.unlink()
         return
-    write_atomically(declaration, json.dumps({"count": count}) + "\n")
+    document = {"count": count}
+    if memory_mib is not None:
+        document["memory_mib"] = memory_mib
+    write_atomically(declaration, json.dumps(document) + "\n")
 
 
 def declared_fake_gpus(health_file: Path) -> int | None:
     """How many fake GPUs the agent declared beside ``health_file``; None when unknown
     (no agent with fake GPUs ran there, or the declaration is not one we wrote)."""
+    return _declared(health_file, "count", MAX_FAKE_GPUS)
+
+
+def declared_fake_gpu_memory(health_file: Path) -> int | None:
+    """The MiB each fake GPU declared beside ``health_file`` has; None when unknown (the
+    declaration of an agent older than this field says only the count)."""
+    return _declared(health_file, "memory_mib", 2**63 - 1)
+
+
+def _declared(health_file: Path, key: str, most: int) -> int | None:
     try:
         document = json.loads(read_bounded(health_file.with_name(DECLARATION_FILE), 1024))
     except (OSError, TooLarge, NotARegularFile, ValueError, RecursionError):
         return None
-    count = document.get("count") if isinstance(document, dict) else None
-    if isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= MAX_FAKE_GPUS:
-        return count
+    value = document.get(key) if isinstance(document, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most:
+        return value
     return None
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.gpus.fake_health import check_fake_gpu_index, locked_beside
+from agent.gpus.fake_health import check_fake_gpu_index, declared_fake_gpu_memory, locked_beside
 from agent.gpus.index_files import INDEX_KEY, read_index_file, rewrite_index_file
 
 MEMORY_FILE = "fake-gpu-memory.json"
@@ -44,7 +44,8 @@ def read_memory_file(path: Path) -> MemoryFile:
 def use_fake_gpu_memory(memory_file: Path, index: int, mib: int) -> tuple[str, ...]:
     """Say that other processes use ``mib`` MiB of fake GPU ``index`` (0: none).
 
-    Refuses (``ValueError``) an index the node does not have, or a size no GPU has.
+    Refuses (``ValueError``) an index the node does not have, a size no GPU has, or more
+    than the running agent declared its fake GPUs have.
     Rewrites the file with its well-formed entries only; returns what it dropped. Writes
     made at once are serialised by a lock beside the file: none is lost."""
     if not 0 <= mib <= MAX_FAKE_USED_MIB:
@@ -52,6 +53,10 @@ def use_fake_gpu_memory(memory_file: Path, index: int, mib: int) -> tuple[str, .
     if mib:
         # Freeing is never refused: it is how a file naming a GPU the node lacks recovers.
         check_fake_gpu_index(memory_file, index)
+        # The agent would ignore such an entry (logged once), leaving the GPU unused.
+        total = declared_fake_gpu_memory(memory_file)
+        if total is not None and mib > total:
+            raise ValueError(f"--mib {mib}: GPU {index} has {total} MiB")
     with locked_beside(memory_file):
         current = read_memory_file(memory_file)
         rewrite_index_file(memory_file, current.used_mib, index, mib or None)

@@ -16,7 +16,7 @@ from websockets.exceptions import ConnectionClosed
 
 from agent.command_line import EXIT_OK, EXIT_USAGE
 from agent.gpu_reports import MemoryReadings
-from agent.gpus import FakeGpuSource, GpuSnapshot, GpuStatus, parse_fake_gpus
+from agent.gpus import FakeGpuSource, GpuSnapshot, GpuStatus, open_gpu_source, parse_fake_gpus
 from agent.gpus.fake_health import declare_fake_gpus
 from agent.gpus.fake_memory import (
     MAX_FAKE_USED_MIB,
@@ -265,3 +265,25 @@ def test_fake_gpu_use_writes_the_memory_file_the_agent_reads(
     assert capsys.readouterr().err == (
         "llmgw-agent fake-gpu use: --mib -5: MiB used is 0 or more\n"
     )
+
+
+def test_fake_gpu_use_refuses_more_memory_than_the_running_agents_gpus_have(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, ``use --mib 90000`` on an 80 GB fake GPU wrote the entry and exited 0; the
+    agent then ignored it, saying so only in its own log, and the GPU stayed unused. The
+    running agent declares its fake GPUs' size beside their count, and ``use`` refuses
+    what the agent would ignore, writing nothing."""
+    health_file = tmp_path / "fake-gpu-health.json"
+    open_gpu_source("2x80GB", health_file, node_seed="gpu-7").close()
+    use = ["fake-gpu", "use", "--state-dir", str(tmp_path), "--gpu", "0", "--mib"]
+
+    refused = app([*use, "90000"], result_action="return_value")
+    used = app([*use, "81920"], result_action="return_value")
+
+    assert refused == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        "llmgw-agent fake-gpu use: --mib 90000: GPU 0 has 81920 MiB\n"
+    )
+    assert used == EXIT_OK
+    assert json.loads((tmp_path / "fake-gpu-memory.json").read_text()) == {"0": 81920}
