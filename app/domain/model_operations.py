@@ -185,7 +185,21 @@ def patch_autoscale(
             merged.pop(field, None)
         else:
             merged[field] = value
-    return set_autoscale(state, name, msgspec.convert(merged, AutoscalePolicy))
+    policy = msgspec.convert(merged, AutoscalePolicy)
+    if "min" in fields and "max" not in fields and policy.min_replicas > policy.max_replicas:
+        # The max it is above is the model's, which this change did not name: "max must be
+        # at least min" would point at a field the operator never typed.
+        raise InvalidSpec(
+            name,
+            [
+                SpecError(
+                    "autoscale.min",
+                    f"{policy.min_replicas} is above the model's max ({policy.max_replicas}), "
+                    "which this change keeps: change max with it",
+                )
+            ],
+        )
+    return set_autoscale(state, name, policy)
 
 
 def remove(state: ClusterState, name: str) -> Change:

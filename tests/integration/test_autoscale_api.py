@@ -444,9 +444,11 @@ async def test_autoscale_refuses_a_bad_command_line_before_and_a_bad_policy_from
     )
     assert above_max.code == 1
     assert above_max.stderr.splitlines() == [
-        f"llmgw-cli autoscale: spec of model '{model}' is invalid (autoscale.max: must be at "
-        "least min (5)); nothing was recorded",
-        "  autoscale.max: must be at least min (5)",
+        f"llmgw-cli autoscale: spec of model '{model}' is invalid (autoscale.min: 5 is above "
+        "the model's max (1), which this change keeps: change max with it); nothing was "
+        "recorded",
+        "  autoscale.min: 5 is above the model's max (1), which this change keeps: change max "
+        "with it",
     ]
     assert (unknown.code, unknown.stderr) == (
         1,

@@ -117,7 +117,8 @@ async def test_a_patch_changes_only_its_fields_and_null_puts_one_back_to_its_def
 @pytest.mark.parametrize(
     ("patch", "status", "words"),
     [
-        ({"min": 9}, 422, "must be at least min (9)"),
+        ({"min": 9}, 422, "9 is above the model's max (4), which this change keeps"),
+        ({"min": 9, "max": 2}, 422, "must be at least min (9)"),
         ({"max": 0}, 422, "must be between 1 and 10000"),
         ({"target": "6"}, 400, "Expected `float | null`, got `str`"),
         ({"mni": 2}, 400, "Object contains unknown field `mni`"),

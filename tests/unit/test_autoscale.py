@@ -522,7 +522,13 @@ def test_a_spec_an_older_release_recorded_is_refused_on_apply_but_its_count_stay
     [manual] = off.events
     assert isinstance(manual, ModelDeclared)
     assert manual.spec == replace(recorded, autoscale=None)
-    assert [e.field for e in bad_policy.value.errors] == ["autoscale.max"]
+    assert [(e.field, e.reason) for e in bad_policy.value.errors] == [
+        (
+            "autoscale.min",
+            f"20 is above the model's max ({POLICY.max_replicas}), which this change keeps: "
+            "change max with it",
+        )
+    ]
     with pytest.raises(InvalidSpec) as new_model_refused:
         model_ops.apply_model(state, replace(recorded, name="mistral"))
     assert str(new_model_refused.value).endswith("nothing was recorded")
