@@ -276,12 +276,13 @@ class Model(msgspec.Struct, frozen=True, kw_only=True):
     unplaceable_reason: str | None = None
     tuned_summary: dict[str, Any] | None = None
     failures: int = 0
-    """Replicas that failed or timed out in a row; reset when one serves."""
+    """Replicas that failed or timed out in a row, counting those that crashed within
+    ``STEADY_SERVING_S`` of serving; reset once one has served that long."""
     failed_on: dict[str, int] = {}
     """The nodes those replicas ran on, each with how many of them: placement puts the
     next replica on a node with the fewest (``placement.rank``), so a node that cannot run
     the model (its file missing or unreadable there, a broken driver) does not take every
-    attempt while another has room. Reset with ``failures``."""
+    attempt while another has room. Reset when one serves."""
     backoff_until: datetime | None = None
     ended: tuple[str, ...] = ()
     """Ids of its last ``ENDED_KEPT_PER_MODEL`` ended replicas, in the order they ended: the

@@ -64,6 +64,48 @@ def test_a_replica_that_died_soon_after_it_served_puts_the_model_in_backoff() ->
     assert [e.replica_id for e in of_type(cluster.reconcile(), ReplicaPlaced)] == ["llama-2"]
 
 
+def test_an_engine_that_crashes_soon_after_it_serves_again_and_again_backs_off_longer() -> None:
+    """Each replica serves for a second and crashes: a crash loop, whose backoff doubles
+    as a failing start's does. Before, its serving reset the count, so every crash was
+    the first, and the model was placed again every 10 s for ever."""
+    cluster = one_serving_replica()
+    cluster.after(1)
+    crash(cluster, "llama-1")
+    cluster.reconcile()
+    cluster.after(11)
+    assert [e.replica_id for e in of_type(cluster.reconcile(), ReplicaPlaced)] == ["llama-2"]
+    cluster.serve("llama-2")
+    cluster.reconcile()
+    cluster.after(1)
+
+    crash(cluster, "llama-2")
+    cluster.reconcile()
+    assert cluster.state.models["llama"].failures == 2
+    cluster.after(11)
+    assert of_type(cluster.reconcile(), ReplicaPlaced) == []
+    cluster.after(10)
+    assert [e.replica_id for e in of_type(cluster.reconcile(), ReplicaPlaced)] == ["llama-3"]
+
+
+def test_a_failure_after_a_replica_served_steadily_starts_a_new_count() -> None:
+    """Earlier crashes are forgiven once a replica of the model has served steadily: a
+    replica that then fails to start waits the first backoff, not a doubled one."""
+    cluster = one_serving_replica()
+    cluster.after(1)
+    crash(cluster, "llama-1")
+    cluster.reconcile()
+    cluster.after(11)
+    cluster.reconcile()
+    cluster.serve("llama-2")
+    cluster.given(*scale(cluster.state, "llama", 2).events)
+    cluster.after(STEADY_SERVING_S)
+    assert [e.replica_id for e in of_type(cluster.reconcile(), ReplicaPlaced)] == ["llama-3"]
+
+    crash(cluster, "llama-3")
+    cluster.reconcile()
+    assert cluster.state.models["llama"].failures == 1
+
+
 def failing_to_start() -> Cluster:
     """A model whose one replica failed before it ever served: the model is in backoff."""
     cluster = Cluster()

@@ -114,7 +114,11 @@ def _replica_serving(state: ClusterState, event: ReplicaServing, recorded: Recor
             "agent_stopped_at": None,
         },
     )
-    _model_of(state, event.replica_id, {"failures": 0, "failed_on": {}, "backoff_until": None})
+    # The count of failures in a row stays: an engine that crashes soon after it serves is
+    # still failing, and its backoff must go on doubling. It is reset by a replica that
+    # served steadily (``_count_failure``); serving lifts the wait, and shows the node
+    # can run the model.
+    _model_of(state, event.replica_id, {"failed_on": {}, "backoff_until": None})
 
 
 def _replica_drain_started(
@@ -308,14 +312,28 @@ def _model_of(state: ClusterState, replica_id: str, changes: ModelChanges) -> No
         update_model(state, replica.model, changes)
 
 
+def _served_steadily(replica: Replica, at: datetime) -> bool:
+    """Whether the replica had served for ``STEADY_SERVING_S`` by ``at``: its end then is no
+    failed start, and the model's failures before it are forgiven."""
+    served = replica.serving_since
+    return served is not None and at - served >= timedelta(seconds=STEADY_SERVING_S)
+
+
 def _count_failure(state: ClusterState, replica_id: str, at: datetime) -> None:
     replica = state.replicas.get(replica_id)
     model = state.models.get(replica.model) if replica else None
     if replica is None or model is None:
         return
     failures, until, failed_on = model.failures, model.backoff_until, model.failed_on
-    served = replica.serving_since
-    if served is None or at - served < timedelta(seconds=STEADY_SERVING_S):
+    if _served_steadily(replica, at) or any(
+        other.model == model.name
+        and other.phase is ReplicaPhase.SERVING
+        and _served_steadily(other, at)
+        for other in state.replicas.values()
+    ):
+        # The failures before were a streak that a steady replica ended.
+        failures, until, failed_on = 0, None, {}
+    if not _served_steadily(replica, at):
         failures += 1
         until = at + timedelta(seconds=backoff_s(failures))
         failed_on = dict(failed_on)
