@@ -61,6 +61,7 @@ class ModelChanges(TypedDict, total=False):
     failures: int
     failed_on: dict[str, int]
     backoff_until: datetime | None
+    last_failed_at: datetime | None
     ended: tuple[str, ...]
     unreplaced_ends: tuple[str, ...]
     forgotten: dict[str, int]

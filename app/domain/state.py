@@ -284,6 +284,10 @@ class Model(msgspec.Struct, frozen=True, kw_only=True):
     the model (its file missing or unreadable there, a broken driver) does not take every
     attempt while another has room. Reset when one serves."""
     backoff_until: datetime | None = None
+    last_failed_at: datetime | None = None
+    """When the last of ``failures`` was counted: a replica that began serving after it,
+    and has served ``STEADY_SERVING_S``, ends the streak (one serving since before the
+    failures began does not: they happen beside it)."""
     ended: tuple[str, ...] = ()
     """Ids of its last ``ENDED_KEPT_PER_MODEL`` ended replicas, in the order they ended: the
     fold forgets the first when one more ends."""

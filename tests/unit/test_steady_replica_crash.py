@@ -106,6 +106,31 @@ def test_a_failure_after_a_replica_served_steadily_starts_a_new_count() -> None:
     assert cluster.state.models["llama"].failures == 1
 
 
+def test_a_replica_serving_since_before_the_failures_does_not_forgive_them() -> None:
+    """A model serves steadily on one replica; the replica added beside it fails to start,
+    again and again: each failure counts, the backoff doubles, however long the first has
+    served (it served before the failures began, so it ends no streak of them)."""
+    cluster = one_serving_replica()
+    cluster.after(STEADY_SERVING_S * 10)
+    cluster.given(*scale(cluster.state, "llama", 2).events)
+    counts = []
+    for _ in range(3):
+        [placed] = of_type(cluster.reconcile(), ReplicaPlaced)
+        cluster.given(
+            ShardFailed(
+                replica_id=placed.replica_id,
+                shard_index=0,
+                node_id="gpu-1",
+                error="engine exited with code 1: no such model file",
+            )
+        )
+        cluster.reconcile()
+        counts.append(cluster.state.models["llama"].failures)
+        cluster.after(STEADY_SERVING_S * 10)  # past any backoff
+
+    assert counts == [1, 2, 3]
+
+
 def failing_to_start() -> Cluster:
     """A model whose one replica failed before it ever served: the model is in backoff."""
     cluster = Cluster()

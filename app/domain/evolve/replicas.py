@@ -42,6 +42,7 @@ from app.domain.state import (
     STEADY_SERVING_S,
     UNASKED_ENDS,
     ClusterState,
+    Model,
     Move,
     Replica,
     ReplicaPhase,
@@ -325,16 +326,12 @@ def _count_failure(state: ClusterState, replica_id: str, at: datetime) -> None:
     if replica is None or model is None:
         return
     failures, until, failed_on = model.failures, model.backoff_until, model.failed_on
-    if _served_steadily(replica, at) or any(
-        other.model == model.name
-        and other.phase is ReplicaPhase.SERVING
-        and _served_steadily(other, at)
-        for other in state.replicas.values()
-    ):
-        # The failures before were a streak that a steady replica ended.
+    last_failed_at = model.last_failed_at
+    if _served_steadily(replica, at) or _streak_ended(state, model, at):
         failures, until, failed_on = 0, None, {}
     if not _served_steadily(replica, at):
         failures += 1
+        last_failed_at = at
         until = at + timedelta(seconds=backoff_s(failures))
         failed_on = dict(failed_on)
         for node_id in {shard.node_id for shard in replica.shards}:
@@ -357,7 +354,31 @@ def _count_failure(state: ClusterState, replica_id: str, at: datetime) -> None:
             hold_ejections={},
         )
     state.models[model.name] = replace(
-        model, failures=failures, failed_on=failed_on, backoff_until=until, rollout=rollout
+        model,
+        failures=failures,
+        failed_on=failed_on,
+        backoff_until=until,
+        last_failed_at=last_failed_at,
+        rollout=rollout,
+    )
+
+
+def _streak_ended(state: ClusterState, model: Model, at: datetime) -> bool:
+    """Whether a replica of ``model`` that began serving after its last counted failure has
+    served steadily by ``at``: the failures before were a streak it ended. One serving
+    since before them ends none (a replica added beside it failing to start, again and
+    again, still backs off longer each time). One walk over the replicas, only while a
+    streak is counted."""
+    since = model.last_failed_at
+    if model.failures == 0 or since is None:
+        return False
+    return any(
+        other.model == model.name
+        and other.phase is ReplicaPhase.SERVING
+        and other.serving_since is not None
+        and other.serving_since >= since
+        and _served_steadily(other, at)
+        for other in state.replicas.values()
     )
 
 
