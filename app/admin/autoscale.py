@@ -11,6 +11,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
 from app.admin.autoscale_schemas import AutoscalePolicyBody, AutoscalePolicyPatch
+from app.admin.bodies import NoBody
 from app.admin.guarded import GuardedController
 from app.admin.model_schemas import ModelChange
 from app.admin.models import model_change
@@ -89,6 +90,7 @@ class AutoscaleController(GuardedController):
         operations: NamedDependency[Operations],
         caller: NamedDependency[Caller],
         name: FromPath[str],
+        data: JSONBody[NoBody | None] = None,
     ) -> ModelChange:
         changed = await operations.set_autoscale(caller, name, None)
         return await model_change(operations, name, changed)

@@ -17,7 +17,9 @@ guard that runs after the caller's identity is known, then refuses:
 
 A request that takes no body declares ``NoBody`` as its ``data``: nothing or ``{}`` is
 read as no body, and a field sent to it is refused as any unknown field is, rather than
-ignored (``{"grace_s": 60}`` to a replica's drain, which has none).
+ignored (``{"grace_s": 60}`` to a replica's drain, which has none). A ``DELETE`` is checked
+so too: ``{"revoke_certificates": true}`` sent to a model's removal would otherwise remove
+the model while the caller believed it had asked for something more.
 
 Model specs are read by their handlers (``app.admin.models``), strictly too; they get the
 depth check here all the same.
@@ -43,7 +45,7 @@ MAX_BODY_BYTES = 1024 * 1024
 MAX_BODY_DEPTH = 32
 """Arrays and objects inside each other; a spec nests three levels, a bench summary a few."""
 
-_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _OPENING = bytes.maketrans(b"[{]}", b"[[]]")
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))

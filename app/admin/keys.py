@@ -11,6 +11,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED
 
+from app.admin.bodies import NoBody
 from app.admin.guarded import GuardedController
 from app.admin.key_schemas import KeyChange, KeyCreated, KeyRequest, KeyView
 from app.admin.schemas import as_view
@@ -108,6 +109,7 @@ class KeyController(GuardedController):
         operations: NamedDependency[Operations],
         caller: NamedDependency[Caller],
         prefix_or_name: FromPath[str],
+        data: JSONBody[NoBody | None] = None,
     ) -> KeyChange:
         changed, key = await operations.revoke_key(caller, prefix_or_name)
         return KeyChange(changed=changed, key=key_view(key, operations.now()))

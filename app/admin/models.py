@@ -11,7 +11,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from app.admin.autoscale_schemas import AutoscaleDecisionView
-from app.admin.bodies import blank_body, duplicated_key, twice_reason
+from app.admin.bodies import NoBody, blank_body, duplicated_key, twice_reason
 from app.admin.guarded import GuardedController
 from app.admin.model_schemas import (
     ApplyPreviewView,
@@ -236,6 +236,7 @@ class ModelController(GuardedController):
         operations: NamedDependency[Operations],
         caller: NamedDependency[Caller],
         name: FromPath[str],
+        data: JSONBody[NoBody | None] = None,
     ) -> ModelChange:
         changed = await operations.remove(caller, name)
         return await model_change(operations, name, changed)

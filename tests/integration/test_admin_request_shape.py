@@ -97,6 +97,43 @@ async def test_a_field_sent_to_a_request_that_takes_no_body_is_a_400(
     assert await last_position(pg_store) == before
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/admin/v1/models/llama",
+        "/admin/v1/models/llama/autoscale",
+        "/admin/v1/keys/ci",
+    ],
+    ids=["model removal", "autoscale off", "key revocation"],
+)
+async def test_a_field_sent_to_a_delete_is_a_400_and_removes_nothing(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, path: str
+) -> None:
+    await seeded(admin, pg_store)
+    created = await admin.post("/admin/v1/keys", json={"name": "ci", "models": ["llama"]})
+    assert created.status_code == 201, created.text
+    autoscaled = await admin.put("/admin/v1/models/llama/autoscale", json={"min": 1, "max": 2})
+    assert autoscaled.status_code == 200, autoscaled.text
+    before = await last_position(pg_store)
+
+    answer = await admin.request("DELETE", path, json={"revoke_certificates": True})
+
+    problem = problem_of(answer, 400)
+    assert problem["detail"] == "(body): Object contains unknown field `revoke_certificates`"
+    assert await last_position(pg_store) == before
+
+
+async def test_an_empty_object_to_a_delete_is_read_as_none(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.request("DELETE", "/admin/v1/models/llama", json={})
+
+    assert answer.status_code == 200, answer.text
+    assert await last_position(pg_store) > before
+
+
 async def test_an_empty_object_to_a_request_that_takes_no_body_is_read_as_none(
     admin: httpx.AsyncClient, pg_store: PostgresEventStore
 ) -> None:
