@@ -206,6 +206,29 @@ async def test_a_spec_with_a_key_written_twice_is_a_422_naming_it(
     assert await last_position(pg_store) == before
 
 
+@pytest.mark.parametrize(
+    ("path", "methods"),
+    [
+        ("/admin/v1/models/llama", {"GET", "PUT", "DELETE", "OPTIONS"}),
+        ("/admin/v1/models/llama/autoscale", {"PUT", "PATCH", "DELETE", "OPTIONS"}),
+        ("/admin/v1/keys", {"GET", "POST", "OPTIONS"}),
+        ("/admin/v1/nodes/gpu-1", {"GET", "OPTIONS"}),
+    ],
+    ids=["model", "autoscale", "keys", "node"],
+)
+async def test_options_names_every_method_of_the_path_as_a_405_does(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, path: str, methods: set[str]
+) -> None:
+    await seeded(admin, pg_store)
+
+    options = await admin.options(path)
+    refused = await admin.request("TRACE", path)
+
+    assert options.status_code == 204, options.text
+    assert set(options.headers["allow"].split(", ")) == methods
+    assert set(refused.headers["allow"].split(", ")) == methods
+
+
 async def test_a_method_a_path_does_not_take_is_a_405_naming_the_ones_it_does(
     admin: httpx.AsyncClient, pg_store: PostgresEventStore
 ) -> None:
