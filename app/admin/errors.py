@@ -78,6 +78,8 @@ PROBLEM_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
 
 
 _PROBLEM_MEDIA_TYPE = "application/problem+json"
+_LITESTAR_VALIDATION = "Validation failed for "
+"""How Litestar begins the detail of a path or query parameter it could not convert."""
 
 
 def _problem_document(status: int, kind: str, detail: str, **extra: Any) -> dict[str, Any]:
@@ -131,7 +133,21 @@ def _detail(request: Request[Any, Any, Any], exc: HTTPException) -> str:
         return f"{request.method} is not a method of {path}; it takes {allowed}"
     if isinstance(exc, NotFoundException) and exc.detail == HTTPStatus.NOT_FOUND.phrase:
         return f"no such path: {path}"
+    if isinstance(exc, ValidationException) and exc.detail.startswith(_LITESTAR_VALIDATION):
+        return _named_errors(exc) or exc.detail
     return exc.detail
+
+
+def _named_errors(exc: ValidationException) -> str:
+    """Litestar's detail for a path or query parameter of the wrong shape only repeats
+    the request line (``Validation failed for GET /admin/v1/keys?limit=0``); each field
+    and what is wrong with it (``limit: Expected `int` >= 1``) says what to change."""
+    errors = exc.extra if isinstance(exc.extra, list) else []
+    return "; ".join(
+        f"{error['key']}: {error['message']}"
+        for error in errors
+        if isinstance(error, dict) and "key" in error and "message" in error
+    )
 
 
 def handle_domain(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:

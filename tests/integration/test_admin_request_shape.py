@@ -305,3 +305,22 @@ async def test_a_query_parameter_sent_to_a_change_is_refused_before_anything_is_
         "(it takes no query parameter)"
     )
     assert await last_position(pg_store) == before
+
+
+@pytest.mark.parametrize(
+    ("path", "detail"),
+    [
+        ("/admin/v1/keys?limit=0", "limit: Expected `int` >= 1"),
+        ("/admin/v1/events?follow=maybe", "follow: Expected `bool`, got `str`"),
+        ("/admin/v1/history/model/llama?before=abc", "before: Expected `int | null`, got `str`"),
+    ],
+    ids=["limit", "follow", "before"],
+)
+async def test_a_query_parameter_of_the_wrong_shape_is_named_in_the_detail(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, path: str, detail: str
+) -> None:
+    await seeded(admin, pg_store)
+
+    answer = await admin.get(path)
+
+    assert problem_of(answer, 400)["detail"] == detail
