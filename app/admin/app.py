@@ -10,7 +10,6 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
-from app.admin.allow import allow_every_method
 from app.admin.auth import ACTOR_KEY, TokenAuthenticator
 from app.admin.autoscale import AutoscaleController
 from app.admin.bodies import MAX_BODY_BYTES
@@ -116,7 +115,7 @@ def create_admin_app(
             title="llmgw admin API", version="1", path=SCHEMA_PATH, render_plugins=schema_pages()
         ),
         # Outermost first: a refused path is logged, with its request id, as any other.
-        middleware=[*MIDDLEWARE, allow_every_method],
+        middleware=list(MIDDLEWARE),
         # The process's logging is app.logs's: Litestar's own would replace the root
         # handler with a plain-text one of its own at startup.
         logging_config=None,
