@@ -12,18 +12,17 @@ import pytest
 import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.bootstrap import AgentHubConfig, leader_wiring
 from app.domain.envelope import Meta
 from app.domain.events import ModelDeclared, model_stream
 from app.domain.model_spec import AutoscalePolicy, ModelSpec
 from app.domain.traffic import Outcome
 from app.gateway.traffic import TrafficWindow
-from app.services.control_plane import ControlPlaneConfig, Leader
-from app.services.leader import LeaderElection
+from app.services.control_plane import Leader
 from app.store.gateway_reports import TrafficReport
 from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
-from tests.support.fake_agents import LOOPBACK, AgentPki, fake_agent, make_pki
+from tests.support.fake_agents import AgentPki, fake_agent, make_pki
+from tests.support.leaders import leading
 from tests.support.reporting_gateway import reporting_gateway
 from tests.support.waiting import wait_until
 
@@ -52,26 +51,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> AgentPki:
 async def leader(
     pg_store: PostgresEventStore, database_url: str, pki: AgentPki
 ) -> AsyncIterator[Leader]:
-    election = LeaderElection(database_url, "test-leader-idle-heard")
-    epoch = await election.acquire()
-    config = ControlPlaneConfig(
-        server_id="test-leader-idle-heard",
-        agent_host=LOOPBACK,
-        agent_port=0,
-        reconcile_interval_s=0.2,
-    )
-    hub = AgentHubConfig(
-        tls=pki.server_context(), heartbeat_interval_s=0.5, heartbeat_timeout_s=10.0
-    )
-    leader = Leader(
-        pg_store, config, epoch, leader_wiring(pg_store, database_url, hub, config.server_id)
-    )
-    await leader.start()
-    try:
+    async with leading(pg_store, database_url, pki, "test-leader-idle-heard") as leader:
         yield leader
-    finally:
-        await leader.stop()
-        await election.close()
 
 
 class FrozenClock:

@@ -28,7 +28,6 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from app.admin.metrics import leader_figures
-from app.bootstrap import AgentHubConfig, leader_wiring
 from app.domain.describe import describe
 from app.domain.envelope import Meta
 from app.domain.events import (
@@ -49,8 +48,8 @@ from app.domain.events import (
 )
 from app.domain.model_spec import AutoscalePolicy, ModelSpec
 from app.domain.state import Replica, ReplicaPhase
-from app.services.control_plane import ControlPlaneConfig, Leader
-from app.services.leader import NEXT_EPOCH, LeaderElection
+from app.services.control_plane import Leader
+from app.services.leader import NEXT_EPOCH
 from app.store.database import driver_url
 from app.store.gateway_reports import delete_report, write_report
 from app.store.interface import AppendRequest, NewEvent
@@ -65,6 +64,7 @@ from tests.support.fake_agents import (
     make_pki,
     running_shard,
 )
+from tests.support.leaders import leading
 from tests.support.reporting_gateway import reporting_gateway
 from tests.support.waiting import wait_until
 from wire.messages import (
@@ -92,22 +92,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> AgentPki:
 async def leader(
     pg_store: PostgresEventStore, database_url: str, pki: AgentPki
 ) -> AsyncIterator[Leader]:
-    election = LeaderElection(database_url, "test-leader")
-    epoch = await election.acquire()
-    config = ControlPlaneConfig(
-        server_id="test-leader", agent_host=LOOPBACK, agent_port=0, reconcile_interval_s=0.2
-    )
-    hub = AgentHubConfig(
-        tls=pki.server_context(), heartbeat_interval_s=0.5, heartbeat_timeout_s=10.0
-    )
-    wiring = leader_wiring(pg_store, database_url, hub, config.server_id)
-    leader = Leader(pg_store, config, epoch, wiring)
-    await leader.start()
-    try:
+    async with leading(pg_store, database_url, pki, "test-leader") as leader:
         yield leader
-    finally:
-        await leader.stop()
-        await election.close()
 
 
 @pytest.fixture
