@@ -29,7 +29,7 @@ from app.hub.hub import AgentHub
 from app.hub.reconnects import ConnectLimits
 from tests.support.hub import LOOPBACK, Pki, dial, greet, new_node_id, pki
 from tests.support.ports import free_port
-from tests.support.waiting import wait_until
+from tests.support.waiting import in_background, wait_until
 from wire.messages import Welcome
 
 __all__ = ["pki"]  # the fixture, from tests.support.hub
@@ -101,7 +101,7 @@ async def test_the_agent_skips_a_dead_server_fast_and_waits_long_for_a_slow_hand
                 parse_server(f"wss://127.0.0.1:{slow_port}"),
             ]
             with capture_logs() as logs:
-                dialling = asyncio.create_task(
+                async with in_background(
                     stay_connected(
                         servers,
                         ssl.create_default_context(),
@@ -110,13 +110,8 @@ async def test_the_agent_skips_a_dead_server_fast_and_waits_long_for_a_slow_hand
                         backoff=Backoff(initial_s=0.01, cap_s=0.01),
                         timeouts=DialTimeouts(connect_s=CONNECT_S, open_s=OPEN_S),
                     )
-                )
-                try:
+                ):
                     await wait_until(lambda: len(held) >= 2, within_s=4 * (OPEN_S + CONNECT_S))
-                finally:
-                    dialling.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await dialling
 
     assert all(OPEN_S - 0.1 <= stay < OPEN_S + 1.0 for stay in held), held
     failures = [entry for entry in logs if entry["event"] == "connect_failed"]
@@ -137,7 +132,7 @@ async def test_dialling_the_next_server_too_never_cuts_a_slow_handshake_short() 
             parse_server(f"wss://127.0.0.1:{first_port}"),
             parse_server(f"wss://127.0.0.1:{second_port}"),
         ]
-        dialling = asyncio.create_task(
+        async with in_background(
             stay_connected(
                 servers,
                 ssl.create_default_context(),
@@ -146,16 +141,11 @@ async def test_dialling_the_next_server_too_never_cuts_a_slow_handshake_short() 
                 backoff=Backoff(initial_s=0.01, cap_s=0.01),
                 timeouts=DialTimeouts(connect_s=CONNECT_S, open_s=OPEN_S, next_server_after_s=0.3),
             )
-        )
-        try:
+        ):
             await wait_until(
                 lambda: len(first) >= 2 and len(second) >= 2, within_s=8 * (OPEN_S + CONNECT_S)
             )
             stays = first[:2] + second[:2]  # not the dials the test's end cuts short
-        finally:
-            dialling.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await dialling
 
     # Each server, dialled first or beside the other, kept every dial for the open timeout.
     assert all(OPEN_S - 0.1 <= stay < OPEN_S + 1.0 for stay in stays), (first, second)
@@ -206,7 +196,7 @@ async def test_a_frozen_server_is_passed_over_for_the_next_one_in_seconds(pki: P
         ]
         with capture_logs() as logs:
             started = time.monotonic()
-            dialling = asyncio.create_task(
+            async with in_background(
                 stay_connected(
                     servers,
                     pki.node(node_id),
@@ -214,18 +204,13 @@ async def test_a_frozen_server_is_passed_over_for_the_next_one_in_seconds(pki: P
                     node=NodeClaim(node_id),
                     timeouts=DialTimeouts(),
                 )
-            )
-            try:
+            ):
                 await wait_until(
                     lambda: bool(welcomed),
                     within_s=DEFAULT_OPEN_TIMEOUT_S / 2,
                     what="the agent welcomed by the second server",
                 )
                 await wait_until(lambda: len(held) == 1, what="the frozen server's dial given up")
-            finally:
-                dialling.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await dialling
 
     welcome, at = welcomed[0]
     assert welcome.server_id == "second"
@@ -254,7 +239,7 @@ async def test_a_standby_that_refuses_at_first_is_dialled_again_while_the_frozen
             parse_server(f"wss://{LOOPBACK}:{standby_port}"),
         ]
         with capture_logs() as logs:
-            dialling = asyncio.create_task(
+            async with in_background(
                 stay_connected(
                     servers,
                     pki.node(node_id),
@@ -262,8 +247,7 @@ async def test_a_standby_that_refuses_at_first_is_dialled_again_while_the_frozen
                     node=NodeClaim(node_id),
                     timeouts=DialTimeouts(next_server_after_s=1.0),
                 )
-            )
-            try:
+            ):
                 await wait_until(
                     lambda: any(
                         e["event"] == "connect_failed" and e["server"] == servers[1].uri
@@ -278,10 +262,6 @@ async def test_a_standby_that_refuses_at_first_is_dialled_again_while_the_frozen
                         what="the agent welcomed by the new leader",
                     )
                     await wait_until(lambda: len(held) == 1, what="the frozen dial given up")
-            finally:
-                dialling.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await dialling
 
     refused = next(e for e in logs if e["event"] == "connect_failed")
     assert refused["still_dialling"] == [servers[0].uri]
@@ -308,7 +288,7 @@ async def test_an_agent_told_it_connects_too_often_waits_its_longest_delay_and_c
     limits = ConnectLimits(burst=2, per_minute=60)
     async with a_hub(pki, connects=limits) as (hub, _):
         with capture_logs() as logs:
-            dialling = asyncio.create_task(
+            async with in_background(
                 stay_connected(
                     [parse_server(f"wss://{LOOPBACK}:{hub.port}")],
                     pki.node(node_id),
@@ -316,13 +296,8 @@ async def test_an_agent_told_it_connects_too_often_waits_its_longest_delay_and_c
                     node=NodeClaim(node_id),
                     backoff=Backoff(initial_s=0.01, cap_s=2.0),
                 )
-            )
-            try:
+            ):
                 await wait_until(lambda: len(welcomed) >= 3, what="welcomed again after 4004")
-            finally:
-                dialling.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await dialling
 
     endings = [(e["reason"], e["retry_in_s"]) for e in logs if e["event"] == "disconnected"]
     refused = [delay for reason, delay in endings if "4004" in reason]
@@ -349,7 +324,7 @@ async def test_an_agent_told_another_agent_is_its_node_says_so_and_retries_at_it
         await greet(other, node_id)
         await wait_until(lambda: hub.connected_nodes() == [node_id])
         with capture_logs() as logs:
-            dialling = asyncio.create_task(
+            async with in_background(
                 stay_connected(
                     [parse_server(f"wss://{LOOPBACK}:{hub.port}")],
                     pki.node(node_id),
@@ -357,17 +332,12 @@ async def test_an_agent_told_another_agent_is_its_node_says_so_and_retries_at_it
                     node=NodeClaim(node_id),
                     backoff=Backoff(initial_s=0.01, cap_s=2.0),
                 )
-            )
-            try:
+            ) as dialling:
                 await wait_until(
                     lambda: sum(e["event"] == "node_connected_elsewhere" for e in logs) >= 2,
                     what="refused twice, still trying",
                 )
                 assert not dialling.done()
-            finally:
-                dialling.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await dialling
 
     told = [e for e in logs if e["event"] == "node_connected_elsewhere"]
     assert all(e["retry_in_s"] >= 1.0 for e in told), told  # half the cap, at the least

@@ -7,8 +7,11 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 async def wait_until(
@@ -78,3 +81,16 @@ def open_fifo_writer_briefly(fifo: Path) -> None:
     """Open ``fifo`` for writing and close it: a reader waiting in its open is let go."""
     with contextlib.suppress(OSError):
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+@contextlib.asynccontextmanager
+async def in_background(work: Coroutine[Any, Any, T]) -> AsyncIterator[asyncio.Task[T]]:
+    """``work`` runs as a task while the block waits on what it does; cancelled, and
+    awaited, when the block ends (an agent's dial loop runs for ever)."""
+    task = asyncio.create_task(work)
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
