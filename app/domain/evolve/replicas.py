@@ -327,9 +327,10 @@ def _count_failure(state: ClusterState, replica_id: str, at: datetime) -> None:
         return
     failures, until, failed_on = model.failures, model.backoff_until, model.failed_on
     last_failed_at = model.last_failed_at
-    if _served_steadily(replica, at) or _streak_ended(state, model, at):
+    steady = _served_steadily(replica, at)
+    if steady or _streak_ended(state, model, at):
         failures, until, failed_on = 0, None, {}
-    if not _served_steadily(replica, at):
+    if not steady:
         failures += 1
         last_failed_at = at
         until = at + timedelta(seconds=backoff_s(failures))
