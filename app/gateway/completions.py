@@ -111,7 +111,7 @@ class Completions(ServedRoute):
                 exchange.route_key,
             )
         except RouteRefused as exc:
-            raise self.steps.refused(model, exc) from None
+            raise self.steps.refused(exchange, exc) from None
 
 
 def _request_headers(scope: Scope) -> tuple[bytes | None, bytes | None, bool, bytes | None]:

@@ -24,6 +24,7 @@ class CompletionExchange:
         "ended_at",
         "first_byte_at",
         "key",
+        "log_level",
         "model",
         "note",
         "quota_headers",
@@ -52,6 +53,9 @@ class CompletionExchange:
         client asked for it."""
         self.status = 500
         self.note: str | None = None
+        self.log_level: int | None = None
+        """The level of the request's line where its status alone would mislead (a 503
+        that autoscaling means: ``ExchangeSteps.refused``); None: by its status."""
         self.quota_headers: tuple[Header, ...] = ()
         self.token_estimate = 1
         """What a tpm limit reserves at admission: prompt and the most it may generate."""

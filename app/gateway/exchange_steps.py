@@ -19,6 +19,7 @@ replica and why) and counted by reason on ``/metrics``: its request line reads a
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 
@@ -276,8 +277,12 @@ class ExchangeSteps:
             reason=reason,
         )
 
-    def refused(self, model: str, refusal: RouteRefused) -> ApiError:
-        """The answer to a request the router found no replica for, counted by reason."""
+    def refused(self, exchange: CompletionExchange, refusal: RouteRefused) -> ApiError:
+        """The answer to a request the router found no replica for, counted by reason. A
+        503 that autoscaling means (the model is scaled to zero, or its cold start outlasted
+        the hold) is no fault of the gateway's or an engine's: its request line says what
+        happened, below error level (``finish``)."""
+        model = exchange.model
         match refusal:
             case ModelRemoved():
                 # Held while the model was removed: the answer a retry would get, not a
@@ -286,6 +291,9 @@ class ExchangeSteps:
             case NoServingReplica(scaled_to_zero=scaled_to_zero):
                 reason = "no_serving_replica"
                 error = no_serving_replica(model, scaled_to_zero=scaled_to_zero)
+                if scaled_to_zero:
+                    exchange.note = "the model is scaled to zero by its operator"
+                    exchange.log_level = logging.INFO  # the operator's own choice
             case FailingToStart(failures=failures, retry_after_s=retry_after_s):
                 reason = "failing_to_start"
                 error = failing_to_start(model, failures, retry_after_s)
@@ -294,6 +302,12 @@ class ExchangeSteps:
             case ColdStartTimedOut(timeout_s=timeout_s, retry_after_s=retry_after_s):
                 reason = "cold_start_timeout"
                 error = cold_start_timed_out(model, timeout_s, retry_after_s)
+                exchange.note = (
+                    "held for the model's cold start, which served no replica within "
+                    f"{timeout_s:g} s"
+                )
+                # Worth a look (cold starts slower than the timeout), but no fault.
+                exchange.log_level = logging.WARNING
             case GatewayStopping():
                 reason, error = "gateway_stopping", gateway_stopping(model)
             case _:
@@ -340,8 +354,11 @@ class ExchangeSteps:
         if not self._log_requests:
             return
         # Debug unless it failed, or the gateway's own share (the queue) was slow: the
-        # engine's generation time is the engine's.
-        level = request_level(exchange.status, added_s)
+        # engine's generation time is the engine's. A refusal that autoscaling means
+        # carries its own level (``refused``).
+        level = exchange.log_level
+        if level is None:
+            level = request_level(exchange.status, added_s)
         # Asked first: a line below the configured level is not built at all.
         if log.is_enabled_for(level):
             log.log(

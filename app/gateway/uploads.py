@@ -290,7 +290,7 @@ class Uploads(ServedRoute):
                 model, key_id, path, upload, exchange.request_id.decode(), exchange.timing
             )
         except RouteRefused as exc:
-            raise self.steps.refused(model, exc) from None
+            raise self.steps.refused(exchange, exc) from None
 
 
 def _nothing() -> None:

@@ -1,0 +1,84 @@
+"""A 503 that autoscaling means is logged as what happened, not as a fault.
+
+Given a real gateway logging its requests, a model its operator scaled to zero, a model
+starting from zero that no replica serves within its cold-start timeout, and a declared
+model that simply has no replica: the first two answer 503 as they always did, and their
+request lines say so below error level (what happened is the model's state, not the
+gateway's or an engine's fault); the third is still an error.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import msgspec
+import pytest
+from structlog.testing import capture_logs
+
+from app.gateway.server import StaticSource
+from tests.support.gateway import GatewayThread, new_key, snapshot_of
+
+pytestmark = pytest.mark.timeout(60)
+
+RUN = uuid.uuid4().hex[:8]
+ASLEEP = f"asleep-{RUN}"
+"""Scaled to zero by its operator: refused at once."""
+WAKING = f"waking-{RUN}"
+"""Starting from zero: held for its cold-start timeout, which passes with no replica."""
+IDLE = f"idle-{RUN}"
+"""Declared, without a replica or an autoscaling policy."""
+COLD_START_S = 0.2
+
+
+@pytest.fixture(scope="module")
+def key_and_gateway() -> Iterator[tuple[str, GatewayThread]]:
+    key, record = new_key()
+    snapshot = msgspec.structs.replace(
+        snapshot_of([], [record], frozenset({ASLEEP, WAKING, IDLE})),
+        cold_start_s={WAKING: COLD_START_S},
+        scaled_to_zero=frozenset({ASLEEP}),
+    )
+    with GatewayThread(StaticSource(snapshot), log_requests=True) as gateway:
+        yield key, gateway
+
+
+def request_line(key_and_gateway: tuple[str, GatewayThread], model: str) -> dict[str, object]:
+    """The request line of one chat request for ``model``, which is answered 503."""
+    key, gateway = key_and_gateway
+    with capture_logs() as logs:
+        answer = httpx.post(
+            f"{gateway.url}/chat/completions",
+            json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30.0,
+        )
+    assert answer.status_code == 503, answer.text
+    [line] = [entry for entry in logs if entry["event"] == "gateway_request"]
+    return line
+
+
+def test_a_model_scaled_to_zero_is_logged_at_info_saying_so(
+    key_and_gateway: tuple[str, GatewayThread],
+) -> None:
+    line = request_line(key_and_gateway, ASLEEP)
+    assert (line["log_level"], line["model"], line["status"]) == ("info", ASLEEP, 503)
+    assert line["note"] == "the model is scaled to zero by its operator"
+
+
+def test_a_cold_start_that_times_out_is_logged_at_warning_saying_so(
+    key_and_gateway: tuple[str, GatewayThread],
+) -> None:
+    line = request_line(key_and_gateway, WAKING)
+    assert (line["log_level"], line["model"], line["status"]) == ("warning", WAKING, 503)
+    assert line["note"] == (
+        f"held for the model's cold start, which served no replica within {COLD_START_S:g} s"
+    )
+
+
+def test_a_model_without_a_replica_or_a_policy_is_still_an_error(
+    key_and_gateway: tuple[str, GatewayThread],
+) -> None:
+    line = request_line(key_and_gateway, IDLE)
+    assert (line["log_level"], line["model"], line["status"]) == ("error", IDLE, 503)
