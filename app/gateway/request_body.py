@@ -77,7 +77,8 @@ def parse_fields(body: bytes) -> RoutingFields:
             raise invalid_request(
                 "The request body is empty: send a JSON object with `model`."
             ) from None
-        raise invalid_request(f"The request body is not valid JSON: {exc}") from None
+        fault = _json_fault(body, exc)
+        raise invalid_request(f"The request body is not valid JSON: {fault}") from None
     except RecursionError:
         # Catching the decoder's own limit costs nothing on the requests that stay under it;
         # a scan for depth beforehand would cost every request a second pass over its body.
@@ -92,6 +93,56 @@ def parse_fields(body: bytes) -> RoutingFields:
             param="model",
         )
     return fields
+
+
+def _json_fault(body: bytes, exc: msgspec.DecodeError) -> str:
+    """What is wrong with a ``body`` msgspec could not decode: its own words, unless an
+    unpaired surrogate escape comes first, of which it says "Input data was truncated" (of a
+    body that is whole) or names only the byte after it. Only a refused body is scanned."""
+    unpaired = unpaired_surrogate(body)
+    if unpaired is None:
+        return str(exc)
+    at, escape = unpaired
+    reported = _BYTE_AT.search(str(exc))
+    if reported is not None and int(reported.group(1)) < at:
+        return str(exc)  # a fault before it: the first is the one to fix
+    return (
+        f"`\\u{escape}` at byte {at} is an unpaired UTF-16 surrogate escape (a \\ud800-\\udbff "
+        "escape must be followed by a \\udc00-\\udfff one); send the character as UTF-8, or "
+        "as both escapes of its pair."
+    )
+
+
+_BYTE_AT = re.compile(r"\(byte (\d+)\)$")
+"""Where msgspec says a body went wrong: ``JSON is malformed: ... (byte 27)``."""
+
+_ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
+"""A backslash escape, taken left to right so that an escaped backslash (``\\\\``) is one
+escape and the ``u`` after it is text; group 1: the four hex digits of a ``\\u`` escape."""
+
+
+def unpaired_surrogate(body: bytes) -> tuple[int, str] | None:
+    """The first ``\\u`` escape in ``body`` of a UTF-16 surrogate without its other half (a
+    high one, ``d800``-``dbff``, not followed at once by a low one, ``dc00``-``dfff``, or a
+    low one alone): where its backslash is (the byte offset, from 0, as msgspec counts) and
+    its four hex digits as sent. None when every surrogate escape is paired. No text
+    decodes to a lone surrogate, so JSON holding one is no Unicode text (RFC 8259 8.2)."""
+    high: re.Match[bytes] | None = None
+    for escape in _ESCAPE.finditer(body):
+        digits = escape.group(1)
+        unit = -1 if digits is None else int(digits, 16)
+        if high is not None:
+            if escape.start() == high.end() and 0xDC00 <= unit <= 0xDFFF:
+                high = None
+                continue
+            break
+        if 0xD800 <= unit <= 0xDBFF:
+            high = escape
+        elif 0xDC00 <= unit <= 0xDFFF:
+            return escape.start(), digits.decode()
+    if high is None:
+        return None
+    return high.start(), high.group(1).decode()
 
 
 _FIELD_AT = re.compile(r"- at `\$\.([a-z_]+)`$|missing required field `([a-z_]+)`$")

@@ -365,6 +365,12 @@ def metric(gateway: GatewayThread, series: str) -> float:
         (b"[1, 2]", "Expected `object`, got `array`"),
         (b'{"messages": []}', "missing required field `model`"),
         (b'{"model": 7}', "Expected `str`, got `int` - at `$.model`"),
+        (
+            # It said "Input data was truncated", of a body that was whole.
+            b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}',
+            "The request body is not valid JSON: `\\ud800` at byte 57 is an unpaired UTF-16 "
+            "surrogate escape",
+        ),
     ],
 )
 def test_a_malformed_body_is_400(
