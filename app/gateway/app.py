@@ -53,7 +53,13 @@ from app.gateway.completions import Completions
 from app.gateway.endpoints import JSON_ENDPOINTS, UPLOAD_ENDPOINTS
 from app.gateway.engine_bounds import EngineTimeouts
 from app.gateway.engine_client import EngineClient
-from app.gateway.errors import ApiError, method_not_allowed, model_not_found, not_found
+from app.gateway.errors import (
+    ApiError,
+    method_not_allowed,
+    model_id_missing,
+    model_not_found,
+    not_found,
+)
 from app.gateway.exchange_steps import ExchangeSteps
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.proxy import Upstream
@@ -217,6 +223,8 @@ class GatewayApp:
         model = scope["path"].removeprefix(_MODEL_PATH)
         try:
             key = self._keys.authenticate(snapshot, scope)
+            if not model:
+                raise model_id_missing()
             if not snapshot.shows(key, model):
                 raise model_not_found(model)
         except ApiError as error:

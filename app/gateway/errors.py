@@ -122,6 +122,19 @@ def model_not_found(model: str) -> ApiError:
     )
 
 
+def model_id_missing() -> ApiError:
+    """``GET /v1/models/`` with nothing after it: a path left incomplete (a client that
+    built it from an empty name), 404 as any other path without a route is, in words that
+    say what is missing rather than that a model named nothing does not exist."""
+    return ApiError(
+        404,
+        "No model id after /v1/models/: GET /v1/models/{model} retrieves one model, "
+        "GET /v1/models lists those your key may use.",
+        type="invalid_request_error",
+        code="not_found",
+    )
+
+
 def _echoed(text: str) -> str:
     """A name or path the client sent, told back up to ``MAX_ECHOED_MODEL_CHARS``: a path
     may be as long as the listener's 64 KiB of headers, and is no use whole in a message."""

@@ -399,6 +399,22 @@ def test_unknown_paths_and_methods(gateway: GatewayThread) -> None:
     assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
 
 
+def test_a_model_retrieved_without_an_id_is_told_the_id_is_missing(
+    gateway: GatewayThread, keys: Keys
+) -> None:
+    # It was "The model `` does not exist", as if a model named nothing had been looked up.
+    auth = {"Authorization": f"Bearer {keys.everything}"}
+    answer = httpx.get(f"{gateway.url}/models/", headers=auth)
+    assert answer.status_code == 404
+    error = assert_openai_shape(answer.json()["error"])
+    assert error["message"] == (
+        "No model id after /v1/models/: GET /v1/models/{model} retrieves one model, "
+        "GET /v1/models lists those your key may use."
+    )
+    assert (error["type"], error["code"]) == ("invalid_request_error", "not_found")
+    assert httpx.get(f"{gateway.url}/models/").status_code == 401, "the key is checked first"
+
+
 def test_a_base_url_without_v1_is_told_where_the_api_is(gateway: GatewayThread, keys: Keys) -> None:
     # The most common misconfiguration of a client: its base URL is the gateway's address
     # alone, so the SDK posts to /chat/completions.
