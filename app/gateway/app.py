@@ -20,6 +20,9 @@ Routes::
                                 either says ``limits`` when rate limits are enforced
                                 locally because the database does not answer
 
+Every GET route answers HEAD as GET would, key check included, without the body
+(``app.gateway.asgi.takes``, ``bodiless``): what probes send.
+
 ``/metrics`` is not among them: it names every model and replica, so it is served only
 where operators reach it, by ``MetricsApp`` on a listener of its own (a standalone
 gateway's, loopback by default) or by the admin API (a gateway inside ``serve``).
@@ -44,10 +47,12 @@ from app.gateway.asgi import (
     Receive,
     Scope,
     Send,
+    bodiless,
     clock,
     gateway_headers,
     refuse,
     respond,
+    takes,
 )
 from app.gateway.completions import Completions
 from app.gateway.endpoints import JSON_ENDPOINTS, UPLOAD_ENDPOINTS
@@ -162,10 +167,11 @@ class GatewayApp:
             route = self._routes.get(path)
             if route is None and path.startswith(_MODEL_PATH):
                 route = ("GET", self._model)
+            send = bodiless(scope, send)
             if route is None:
                 refusal = not_found(path, served_at=self._under_v1(path))
                 await refuse(send, refusal, gateway_headers(clock()))
-            elif scope["method"] != route[0]:
+            elif not takes(scope["method"], route[0]):
                 await refuse(send, method_not_allowed(route[0], path), gateway_headers(clock()))
             else:
                 await route[1](scope, receive, send)
@@ -264,9 +270,10 @@ class MetricsApp:
         if scope["type"] != "http":
             return
         path: str = scope["path"]
+        send = bodiless(scope, send)
         if path != "/metrics":
             await refuse(send, not_found(path), [])
-        elif scope["method"] != "GET":
+        elif not takes(scope["method"], "GET"):
             await refuse(send, method_not_allowed("GET", path), [])
         else:
             await respond(send, 200, self._metrics.render(), [_METRICS])

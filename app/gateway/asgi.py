@@ -149,6 +149,28 @@ class KeyCheck:
         return key
 
 
+def takes(method: str, route_method: str) -> bool:
+    """Whether a route of ``route_method`` serves a request of ``method``: HEAD is served by
+    every GET route, as GET would be (RFC 9110 9.3.2), which is what probes send; its
+    answer goes out without a body (``bodiless``)."""
+    return method == route_method or (method == "HEAD" and route_method == "GET")
+
+
+def bodiless(scope: Scope, send: Send) -> Send:
+    """``send`` for the request of ``scope``; for a HEAD request, one that sends every
+    answer with its head as GET's (``content-length`` included, RFC 9110 9.3.2) and no body.
+    The routes themselves never ask which method came."""
+    if scope["method"] != "HEAD":
+        return send
+
+    async def send_head(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            message = {**message, "body": b""}
+        await send(message)
+
+    return send_head
+
+
 def gateway_headers(started: float) -> list[Header]:
     """``x-request-id`` and ``x-llmgw-gateway-ms`` of an answer that needed no engine."""
     return [

@@ -399,6 +399,34 @@ def test_unknown_paths_and_methods(gateway: GatewayThread) -> None:
     assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
 
 
+def test_head_answers_every_get_path_as_get_would_without_a_body(
+    gateway: GatewayThread, keys: Keys
+) -> None:
+    # Every HEAD was 405, so a load balancer's or an uptime checker's HEAD probe read
+    # a healthy gateway as failing.
+    auth = {"Authorization": f"Bearer {keys.everything}"}
+    for url, headers in [
+        (f"{gateway.base_url}/healthz", {}),
+        (f"{gateway.base_url}/readyz", {}),
+        (f"{gateway.url}/models", auth),
+        (f"{gateway.url}/models/{MODEL}", auth),
+        (f"{gateway.url}/models/undeclared-{RUN}", auth),
+        (f"{gateway.url}/models", {}),  # the key is checked as for GET: 401
+        (f"{gateway.url}/models/{MODEL}", {}),
+    ]:
+        got = httpx.get(url, headers=headers)
+        head = httpx.head(url, headers=headers)
+        assert (head.status_code, head.content) == (got.status_code, b""), url
+        # RFC 9110 9.3.2: the fields GET would send, its length included.
+        assert head.headers["content-type"] == got.headers["content-type"], url
+        assert head.headers["content-length"] == str(len(got.content)), url
+    # /metrics too, on its own listener (its page changes with every request, its length too).
+    head = httpx.head(gateway.metrics_url)
+    assert (head.status_code, head.content) == (200, b"")
+    assert head.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert int(head.headers["content-length"]) > 0
+
+
 def test_a_model_retrieved_without_an_id_is_told_the_id_is_missing(
     gateway: GatewayThread, keys: Keys
 ) -> None:
