@@ -179,13 +179,15 @@ def not_found(path: str, *, served_at: str | None = None) -> ApiError:
 
 
 def method_not_allowed(method: str, path: str) -> ApiError:
-    """405 with ``Allow``, which RFC 9110 requires of one: ``method`` is the path's only."""
+    """405 with ``Allow``, which RFC 9110 requires of one: ``method`` is the path's only,
+    with HEAD beside a GET (every GET route answers it, ``app.gateway.asgi.takes``)."""
+    allowed = "GET, HEAD" if method == "GET" else method
     return ApiError(
         405,
         f"Use {method} for {_echoed(path)}.",
         type="invalid_request_error",
         code="method_not_allowed",
-        headers=((b"allow", method.encode()),),
+        headers=((b"allow", allowed.encode()),),
     )
 
 

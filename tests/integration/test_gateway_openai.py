@@ -393,7 +393,7 @@ def test_unknown_paths_and_methods(gateway: GatewayThread) -> None:
     assert wrong_method.status_code == 405
     # RFC 9110: a 405 names the methods the path takes.
     assert wrong_method.headers["allow"] == "POST"
-    assert httpx.delete(f"{gateway.url}/models").headers["allow"] == "GET"
+    assert httpx.delete(f"{gateway.url}/models").headers["allow"] == "GET, HEAD"
     assert httpx.get(f"{gateway.base_url}/healthz").status_code == 200
     ready = httpx.get(f"{gateway.base_url}/readyz")
     assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
