@@ -1,8 +1,9 @@
 """`llmgw-cli rollout status|pause|resume|undo|history MODEL`: follow and steer the rollout
 that a spec change starts (docs/rollouts.md).
 
-``status --wait`` follows the rollout until it finishes: a live view on a terminal (rich
-Live), one line per change elsewhere (logs, CI), and an exit code that says how it ended.
+``status --wait`` follows the rollout until it finishes or pauses: a live view on a
+terminal (rich Live), one line per change elsewhere (logs, CI), and an exit code that says
+how it ended.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ from cli.rollout_views import RolloutChange, RolloutHistoryView, RolloutView
 from cli.waiting import Deadline, WaitTimeout, check_wait_timeout
 
 POLL_INTERVAL_S = 1.0
+
+EXIT_PAUSED = 3
+"""``status --wait`` found the rollout paused: it goes nowhere until an operator resumes or
+undoes it, so a script waiting on it (a CI pipeline) is told, rather than left hanging.
+Apart from 1 so that the script can tell "ask someone" from "it failed"."""
 
 ROLLOUT_ID = re.compile(r"^rollout-[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?-r[1-9][0-9]{0,9}$")
 """A rollout's id as the admin API accepts one (``rollout-<model>-r<revision>``). The CLI
@@ -87,7 +93,8 @@ def rollout_status(
         Parameter(
             help="Follow the rollout until it finishes: exit 0 when it succeeded, 1 when it "
             "was rolled back, ended with its model's removal, or was superseded by a newer "
-            "revision's (or --timeout ran out).",
+            "revision's (or --timeout ran out); 3 as soon as it is paused, saying why and "
+            "what moves it on (a paused rollout waits for an operator's resume or undo).",
             negative=(),
         ),
     ] = False,
@@ -103,8 +110,9 @@ def rollout_status(
     in rotation) and what its verdict would still wait for (too few requests or latency
     samples, with the counts). Exits 0,
     or 1 when the rollout finished without succeeding (rolled back, or ended with its
-    model's removal). With --wait, a live view until it finishes (one line per change when
-    not on a terminal; the final status as JSON with --output json).
+    model's removal). With --wait, a live view until it finishes or pauses (one line per
+    change when not on a terminal; the final status as JSON with --output json); a paused
+    rollout ends the wait with exit 3.
 
     ```
     llmgw-cli rollout status llama-3-8b
@@ -328,8 +336,8 @@ def _status(client: AdminClient, model: str) -> Reply[RolloutView]:
 
 
 def _follow(client: AdminClient, model: str, output: Output, timeout_s: float | None) -> int:
-    """Poll the rollout until it finishes (or is superseded, or ``timeout_s`` runs out);
-    show it as it goes."""
+    """Poll the rollout until it finishes (or pauses, is superseded, or ``timeout_s`` runs
+    out); show it as it goes."""
     console = make_console()
     first = _status(client, model)
     followed = first.value.rollout_id
@@ -348,7 +356,7 @@ def _follow(client: AdminClient, model: str, output: Output, timeout_s: float | 
             if reply.value.rollout_id != followed:
                 return reply
             show(reply.value)
-            if reply.value.finished:
+            if reply.value.finished or reply.value.state == "paused":
                 return reply
             if deadline.passed():
                 return reply
@@ -383,15 +391,16 @@ def _ending(model: str, followed: str, view: RolloutView) -> int:
         )
         return EXIT_FAILED
     if view.state == "paused":
-        # A paused rollout does not go on by itself: saying so would leave a script, or
-        # the operator, waiting again on what only a resume or an undo ends.
+        # A paused rollout does not go on by itself: following it on would leave a script,
+        # or the operator, waiting on what only a resume or an undo ends.
+        why = f" ({view.pause_reason})" if view.pause_reason else ""
         print_error(
             "rollout status",
-            f"{followed} is still paused (--timeout ran out) and waits for an operator: "
+            f"{followed} is paused{why} and waits for an operator: "
             f"llmgw-cli rollout resume {model} goes on, llmgw-cli rollout undo {model} "
             "rolls it back",
         )
-        return EXIT_FAILED
+        return EXIT_PAUSED
     if not view.finished:
         print_error(
             "rollout status",

@@ -168,8 +168,9 @@ async def test_a_canary_without_traffic_pauses_for_the_operator_whose_resume_pro
     paused = await wait_for_rollout(cluster, model, "paused")
     model_line = await operator.run("model", model)
     on_hold = await operator.run("rollout", "status", model)
-    follower = await operator.start("rollout", "status", model, "--wait", "--output", "json")
+    waited_on_pause = await operator.run("rollout", "status", model, "--wait")
     resumed = await operator.run("rollout", "resume", model)
+    follower = await operator.start("rollout", "status", model, "--wait", "--output", "json")
     code, stdout, stderr = await finished(follower, 60)
     history = await operator.run("rollout", "history", model)
     history_json = await operator.run("rollout", "history", model, "--output", "json")
@@ -188,6 +189,13 @@ async def test_a_canary_without_traffic_pauses_for_the_operator_whose_resume_pro
     assert "paused: no verdict:" in shown
     # Paused, with its one canary serving: no replacement will be placed.
     assert "explain-placement" not in shown
+    # A paused rollout waits for an operator: --wait says so and ends, even with no --timeout.
+    assert waited_on_pause.code == 3
+    assert f"rollout-{model}-r2 is paused (no verdict:" in waited_on_pause.stderr
+    assert waited_on_pause.stderr.endswith(
+        f"and waits for an operator: llmgw-cli rollout resume {model} goes on, "
+        f"llmgw-cli rollout undo {model} rolls it back\n"
+    )
     assert resumed.code == 0, resumed.stderr
     assert resumed.stdout.startswith(
         f"rollout-{model}-r2: resumed, step 1 of 2 promoted (its verdict was not reached: "
@@ -249,9 +257,9 @@ async def test_pause_resume_and_undo_round_trip_and_what_cannot_be_done_is_a_409
     assert paused[1]["rollout"]["state"] == "paused"
     assert paused[1]["rollout"]["pause_reason"] == "looking at TTFT"
     assert (paused_again[0], paused_again[1]["changed"]) == (200, False)
-    assert waited_on_pause.code == 1
+    assert waited_on_pause.code == 3
     assert waited_on_pause.stderr.endswith(
-        f"rollout-{model}-r2 is still paused (--timeout ran out) and waits for an operator: "
+        f"rollout-{model}-r2 is paused (looking at TTFT) and waits for an operator: "
         f"llmgw-cli rollout resume {model} goes on, llmgw-cli rollout undo {model} rolls it "
         "back\n"
     )
