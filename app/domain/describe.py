@@ -225,9 +225,7 @@ def _what(event: AnyEvent) -> str:
         case ReplicaStopped():
             return "stopped"
         case ReplicaStartupTimedOut():
-            return (
-                f"timed out in starting after {event.waited_s:.0f}s (limit {event.timeout_s:.0f}s)"
-            )
+            return event.reason
         case ReplicaAdopted():
             return (
                 f"shard {event.shard_index} adopted on {event.node_id} port {event.port}: "

@@ -511,6 +511,13 @@ class ReplicaStartupTimedOut(Event, frozen=True, kw_only=True):
     timeout_s: float
     waited_s: float
 
+    @property
+    def reason(self) -> str:
+        """How the timeout is told wherever it is (the replica's end, the model's history,
+        the placement that replaces it): one wording, so an operator who greps for it
+        finds every one."""
+        return f"timed out starting after {self.waited_s:.0f}s (limit {self.timeout_s:.0f}s)"
+
 
 class ReplicaAdopted(Event, frozen=True, kw_only=True):
     """A running shard reported by an agent was taken as this replica's; ``rule`` says why."""

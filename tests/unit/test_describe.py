@@ -21,6 +21,7 @@ from app.domain.events import (
     NodeUncordoned,
     ReplicaPlaced,
     ReplicaServing,
+    ReplicaStartupTimedOut,
     ShardPlacement,
     ShardStarting,
     ShardStopped,
@@ -46,6 +47,14 @@ def test_the_lines_operators_saw_without_a_subject_now_have_one() -> None:
     assert describe(ApiKeyRevoked(key_id="k-1")) == "key k-1 revoked"
     starting = ShardStarting(replica_id="demo-1", shard_index=0, node_id="dev-node-1", pid=8951)
     assert describe(starting) == "replica demo-1 shard 0 starting on dev-node-1 pid 8951"
+
+
+def test_a_startup_timeout_reads_as_the_replica_s_end_reason_does() -> None:
+    # Before, the history said "timed out in starting after 121s (limit 120s)" and the
+    # replica's end "not ready after 121s (timeout 120s)": one thing, two wordings.
+    timed_out = ReplicaStartupTimedOut(replica_id="demo-1", timeout_s=120, waited_s=121)
+
+    assert describe(timed_out) == "replica demo-1 timed out starting after 121s (limit 120s)"
 
 
 def test_a_key_s_creation_says_when_it_expires_if_it_does() -> None:

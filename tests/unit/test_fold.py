@@ -124,7 +124,7 @@ def test_a_timed_out_replica_keeps_its_log_tail_and_says_why() -> None:
     )
     replica = state.replicas["llama-1"]
     assert replica.phase is ReplicaPhase.TIMED_OUT
-    assert replica.end_reason == "not ready after 121s (timeout 120s)"
+    assert replica.end_reason == "timed out starting after 121s (limit 120s)"
     assert replica.shards[0].log_tail == ("CUDA OOM",)
 
 

@@ -72,8 +72,8 @@ def test_a_replacement_that_fails_in_turn_is_named_by_the_next_pass_and_no_end_t
     second = cluster.reconcile()
 
     assert placed_reasons(first) == {
-        "llama-2": "replaces llama-1, which timed out starting (not ready after 300s "
-        "(timeout 300s)), below desired count (0 of 1)"
+        "llama-2": "replaces llama-1, which timed out starting after 300s (limit 300s), "
+        "below desired count (0 of 1)"
     }
     assert placed_reasons(second) == {
         "llama-3": "replaces llama-2, which failed (engine exited with code 1), "

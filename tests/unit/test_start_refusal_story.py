@@ -118,7 +118,7 @@ class Node:
 
 async def test_a_start_the_agent_refuses_fails_its_replica_at_once_with_the_agents_reason() -> None:
     """Before, the refusal was only logged: the replica stayed placed until its startup
-    timeout, ten minutes later, and its history said "timed out in starting"."""
+    timeout, ten minutes later, and its history said it timed out starting."""
     store = InMemoryEventStore()
     view = LiveView(ReportRecorder(store, epoch=1))
     operations = Operations(store, clock=lambda: T0)

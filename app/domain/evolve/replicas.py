@@ -201,8 +201,7 @@ def _replica_startup_timed_out(
     state: ClusterState, event: ReplicaStartupTimedOut, recorded: Recorded
 ) -> None:
     at = recorded.recorded_at
-    reason = f"not ready after {event.waited_s:.0f}s (timeout {event.timeout_s:.0f}s)"
-    if _end_replica(state, event.replica_id, ReplicaPhase.TIMED_OUT, at, reason):
+    if _end_replica(state, event.replica_id, ReplicaPhase.TIMED_OUT, at, event.reason):
         _count_failure(state, event.replica_id, at)
 
 
