@@ -15,6 +15,7 @@ from app.domain.state import (
     ACTIVE_PHASES,
     COUNTING_PHASES,
     NOT_SERVING_YET,
+    STEADY_SERVING_S,
     ClusterState,
     Model,
     Replica,
@@ -77,7 +78,7 @@ def _below_desired(
         if model.backoff_until is not None and now < model.backoff_until:
             reasons.append(
                 f"placement waits until {model.backoff_until:%Y-%m-%d %H:%M:%S} after "
-                f"{model.failures} failed start(s) in a row"
+                f"{_failures_in_a_row(model.failures)}"
             )
         if model.unplaceable_reason:
             reasons.append(f"cannot place {missing} replica(s): {model.unplaceable_reason}")
@@ -97,6 +98,27 @@ def _below_desired(
             key=lambda r: (r.ended_at or r.placed_at, r.number),
             default=None,
         )
-        detail = f": {last.id} {last.phase.value}, {last.end_reason}" if last else ""
-        reasons.append(f"{model.failures} failed start(s) in a row{detail}")
+        detail = f": {last.id} {_how_it_ended(last)}" if last else ""
+        reasons.append(
+            f"{_failures_in_a_row(model.failures)} ({_what_failures_count(model.failures)}){detail}"
+        )
     return tuple(reasons)
+
+
+def _how_it_ended(replica: Replica) -> str:
+    if replica.phase is ReplicaPhase.TIMED_OUT and replica.end_reason:
+        return replica.end_reason  # "timed out starting after ...": it says how already
+    return f"{replica.phase.value}, {replica.end_reason}"
+
+
+def _failures_in_a_row(count: int) -> str:
+    return "1 failure" if count == 1 else f"{count} failures in a row"
+
+
+def _what_failures_count(count: int) -> str:
+    """What ``Model.failures`` counts: not only starts, so "failed starts" would mislead an
+    operator looking for a replica that never served."""
+    within = f"within {STEADY_SERVING_S:.0f}s of serving"
+    if count == 1:
+        return f"a start that failed or an engine that crashed {within}"
+    return f"starts that failed or engines that crashed {within}"

@@ -50,7 +50,8 @@ def test_once_every_replica_is_placed_the_first_reason_stands_for_them_all() -> 
         counting=8,
         below_desired_because=[
             "4 replica(s) placed or starting, not serving yet",
-            "1 failed start(s) in a row: llama-3 failed",
+            "1 failure (a start that failed or an engine that crashed within 60s of "
+            "serving): llama-3 failed",
         ],
     )
 

@@ -37,6 +37,7 @@ from app.domain.events import (
     ReplicaFailed,
     ReplicaPlaced,
     ReplicaServing,
+    ReplicaStartupTimedOut,
     ReplicaStopped,
     ReplicaStopping,
     RolloutStarted,
@@ -497,10 +498,49 @@ def test_a_model_backing_off_after_failures_says_until_when_and_the_last_failure
     assert waiting.model.backoff_until == until
     assert waiting.phases == {"failed": 1}
     assert waiting.below_desired_because == (
-        f"placement waits until {until:%Y-%m-%d %H:%M:%S} after 1 failed start(s) in a row",
-        "1 failed start(s) in a row: llama-1 failed, shard 0 on gpu-1 failed: CUDA OOM",
+        f"placement waits until {until:%Y-%m-%d %H:%M:%S} after 1 failure",
+        "1 failure (a start that failed or an engine that crashed within 60s of serving): "
+        "llama-1 failed, shard 0 on gpu-1 failed: CUDA OOM",
     )
     assert later.below_desired_because[0] == "1 replica(s) not placed yet"
+
+
+def test_the_failures_in_a_row_count_engines_that_crashed_soon_after_serving_and_say_so() -> None:
+    # Before, "2 failed start(s) in a row": but llama-2 started, served, then crashed.
+    state = given(
+        ModelDeclared(model="llama", spec=ModelSpec(name="llama", command="x", replicas=1)),
+        placed("llama", 1, "gpu-1"),
+        ReplicaFailed(replica_id="llama-1", reason="shard 0 on gpu-1 failed: CUDA OOM"),
+        placed("llama", 2, "gpu-1"),
+        ReplicaServing(replica_id="llama-2"),
+        ReplicaFailed(replica_id="llama-2", reason="shard 0 on gpu-1 failed: exit 139"),
+    )
+    failed_at = T0 + timedelta(seconds=6)
+
+    status = model_status(state, "llama", failed_at)
+
+    assert status.model.failures == 2
+    assert status.below_desired_because == (
+        f"placement waits until {status.model.backoff_until:%Y-%m-%d %H:%M:%S} after 2 "
+        "failures in a row",
+        "2 failures in a row (starts that failed or engines that crashed within 60s of "
+        "serving): llama-2 failed, shard 0 on gpu-1 failed: exit 139",
+    )
+
+
+def test_the_last_failure_of_a_startup_timeout_reads_as_its_end_reason() -> None:
+    # Before, "llama-1 timed_out, not ready after 300s (timeout 300s)".
+    state = given(
+        ModelDeclared(model="llama", spec=ModelSpec(name="llama", command="x", replicas=1)),
+        placed("llama", 1, "gpu-1"),
+        ReplicaStartupTimedOut(replica_id="llama-1", timeout_s=300, waited_s=300),
+    )
+
+    status = model_status(state, "llama", T0 + timedelta(seconds=3))
+
+    assert status.below_desired_because[-1].endswith(
+        ": llama-1 timed out starting after 300s (limit 300s)"
+    )
 
 
 def test_a_draining_replica_no_longer_counts_but_is_named() -> None:
