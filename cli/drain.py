@@ -408,7 +408,11 @@ def render(progress: DrainProgressView, *, steps: bool = True) -> RenderableType
         styled((f"{progress.drain_id}", "bold"), f" drains {what}{requested}{grace}: ", state)
     ]
     if progress.still_on_node:
-        parts.append(text(f"still on the node: {', '.join(progress.still_on_node)}"))
+        called_off = set(progress.moves_called_off)
+        staying = (
+            f"{r} (its move called off)" if r in called_off else r for r in progress.still_on_node
+        )
+        parts.append(text(f"still on the node: {', '.join(staying)}"))
     parts.extend(text(line, style="yellow") for line in waiting_lines(progress))
     if progress.replicas:
         replicas = Table(title="replicas", title_justify="left", header_style="bold")

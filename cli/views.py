@@ -367,6 +367,8 @@ class DrainProgressView(View, frozen=True, kw_only=True):
     still_on_node: list[str] = []
     events: list[EventView] = []
     moves: list[MoveView] = []
+    moves_called_off: list[str] = []
+    """Those of ``still_on_node`` whose move was called off (an older server: none said)."""
 
 
 class DrainChange(View, frozen=True, kw_only=True):

@@ -171,9 +171,14 @@ class DrainProgressView(msgspec.Struct, frozen=True, kw_only=True):
     """What the drain came to, in words, for people; null while it runs."""
     replicas: list[ReplicaSummary]
     still_on_node: list[str]
+    """The active replicas on the drained node that the drain is not moving off: those it
+    has not reached yet and those whose move was called off; empty for a replica drain."""
     events: list[EventView]
     moves: list[MoveView] = []
     """Its moves under way: each original still serving and its replacement (once placed)."""
+    moves_called_off: list[str] = []
+    """Those of ``still_on_node`` whose move the drain began and called off (it was
+    cancelled, say): listed in ``replicas`` too, and serving on the node."""
 
 
 class DrainChange(msgspec.Struct, frozen=True, kw_only=True):

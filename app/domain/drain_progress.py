@@ -60,7 +60,12 @@ class DrainProgress(msgspec.Struct, frozen=True, kw_only=True):
     replicas: tuple[Replica, ...]
     """Replicas the drain moved, placed as replacements, or stopped."""
     still_on_node: tuple[str, ...]
-    """Active replicas on the drained node that the drain has not reached yet."""
+    """Active replicas on the drained node that the drain is not moving off: those it has
+    not reached yet and those whose move was called off (``moves_called_off``). Each
+    still serves there, or will, as before the drain."""
+    moves_called_off: tuple[str, ...] = ()
+    """Those of ``still_on_node`` whose move the drain began and then called off (the
+    drain was cancelled, say): they are among ``replicas`` too, and serve on the node."""
     events: tuple[Recorded, ...]
     revisions: dict[str, int] = {}
     """The current revision of each model of ``replicas``."""
@@ -96,13 +101,26 @@ def drain_progress(state: ClusterState, drain_id: str, events: Sequence[Recorded
         cancelled = end is not None and any(
             isinstance(e.event, NodeDrainCancelled) and e.position < end.position for e in events
         )
-        still = tuple(
-            r.id
+        # A replica whose move was called off is the drain's too, yet it serves on the node
+        # as one never reached does: "still on the node" would be false without it. (One
+        # the drain moves again is not.)
+        moves_off = {
+            e.event.replica_id
+            for e in events
+            if isinstance(e.event, ReplicaDrainCancelled)
+            and e.event.drain_id == drain_id
+            and (replica := state.replicas.get(e.event.replica_id)) is not None
+            and replica.drain_id != drain_id
+        }
+        staying = [
+            r
             for r in replicas_matching(state, node_id=requested.node_id)
-            if r.phase in ACTIVE_PHASES and r.id not in touched
-        )
+            if r.phase in ACTIVE_PHASES and (r.id not in touched or r.id in moves_off)
+        ]
+        still = tuple(r.id for r in staying)
+        moves_called_off = tuple(r.id for r in staying if r.id in moves_off)
     else:
-        node_id, grace_s, still = None, None, ()
+        node_id, grace_s, still, moves_called_off = None, None, (), ()
         moved = [r for r in replicas if r.drain_id == drain_id]
         ended = bool(moved) and all(r.phase in ENDED_PHASES for r in moved)
         outcome = (
@@ -132,6 +150,7 @@ def drain_progress(state: ClusterState, drain_id: str, events: Sequence[Recorded
         outcome=outcome,
         replicas=replicas,
         still_on_node=still,
+        moves_called_off=moves_called_off,
         events=tuple(events),
         revisions=current_revisions(state, replicas),
         moves=moves_of(state, drain_id),

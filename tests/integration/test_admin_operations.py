@@ -366,6 +366,8 @@ async def test_an_operator_calls_a_drain_off_and_the_reconciler_ends_it_as_cance
     node = (await admin.get("/admin/v1/nodes/gpu-1")).json()
     assert (shown["state"], shown["finished"]) == ("cancelled", True)
     assert shown["outcome"] == f"cancelled by {OPERATOR}"
+    # llama-1's move was called off: it serves on the node, as the node's view says below.
+    assert (shown["still_on_node"], shown["moves_called_off"]) == (["llama-1"], ["llama-1"])
     assert [e["type"] for e in shown["events"]][-2:] == [
         "replica_drain_cancelled",
         "node_drain_finished",

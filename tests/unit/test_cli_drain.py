@@ -262,6 +262,26 @@ def test_a_drain_of_an_empty_node_says_so_rather_than_drawing_an_empty_table() -
     assert "model" not in shown, shown
 
 
+def test_a_cancelled_drain_says_which_replicas_still_on_the_node_had_their_move_called_off() -> (
+    None
+):
+    cancelled = DrainProgressView(
+        drain_id="drain-0a1b2c3d",
+        node_id="gpu-1",
+        finished=True,
+        state="cancelled",
+        outcome="cancelled by bob",
+        replicas=[ReplicaSummary(id="llama-1", model="llama", phase="serving")],
+        still_on_node=["llama-1", "llama-2"],
+        moves_called_off=["llama-1"],
+    )
+    out = io.StringIO()
+
+    Console(file=out, width=200).print(render(cancelled, steps=False))
+
+    assert "still on the node: llama-1 (its move called off), llama-2\n" in out.getvalue()
+
+
 def test_a_finished_drain_of_an_empty_node_says_so_once() -> None:
     """Its outcome says it: a second line saying the same again is noise."""
     finished = DrainProgressView(

@@ -28,11 +28,13 @@ from app.domain.events import (
     ModelUnplaceable,
     NodeConnected,
     NodeCordoned,
+    NodeDrainCancelled,
     NodeDrainFinished,
     NodeDrainRequested,
     NodeRegistered,
     NodeUncordoned,
     ReplacementServing,
+    ReplicaDrainCancelled,
     ReplicaDrainStarted,
     ReplicaFailed,
     ReplicaPlaced,
@@ -626,6 +628,37 @@ def test_a_node_drain_in_progress_shows_what_moves_and_what_waits() -> None:
         ("llama-3", ReplicaPhase.PLACED),
     ]
     assert progress.still_on_node == ("llama-2",)
+
+
+def test_a_cancelled_drain_counts_the_replica_whose_move_was_called_off_as_still_on_node() -> None:
+    # Before, still_on_node named only llama-2, which the drain never reached: llama-1,
+    # whose move was called off, serves on the node too but was left out.
+    events = log(
+        (NodeDrainRequested(node_id="gpu-1", drain_id=DRAIN, grace_s=600.0), DRAIN),
+        (ReplicaDrainStarted(replica_id="llama-1", drain_id=DRAIN), DRAIN),
+        (placed("llama", 3, "gpu-2", replaces="llama-1"), DRAIN),
+        (NodeDrainCancelled(node_id="gpu-1", drain_id=DRAIN), DRAIN),
+        (ReplicaDrainCancelled(replica_id="llama-1", drain_id=DRAIN, reason="serves on"), DRAIN),
+        (ReplicaStopping(replica_id="llama-3", reason="not needed", surplus=True), DRAIN),
+        (NodeDrainFinished(node_id="gpu-1", drain_id=DRAIN, outcome="cancelled by bob"), DRAIN),
+    )
+    state = given(
+        ModelDeclared(model="llama", spec=LLAMA),
+        *node("gpu-1", gpu(0), gpu(1)),
+        *node("gpu-2", gpu(0)),
+        placed("llama", 1, "gpu-1"),
+        placed("llama", 2, "gpu-1"),
+        ReplicaServing(replica_id="llama-1"),
+        ReplicaServing(replica_id="llama-2"),
+        *(recorded.event for recorded in events),
+    )
+
+    progress = drain_progress(state, DRAIN, events)
+
+    assert progress.state is DrainState.CANCELLED
+    assert progress.still_on_node == ("llama-1", "llama-2")
+    assert progress.moves_called_off == ("llama-1",)
+    assert [r.id for r in progress.replicas] == ["llama-1", "llama-3"]
 
 
 def test_a_finished_node_drain_says_how_it_ended() -> None:
