@@ -191,7 +191,14 @@ def cordon(
 
 
 def _already_cordoned(node_id: str, node: NodeView) -> str:
-    return f"node {node_id}: already cordoned: {cordon_reason_text(node)}; nothing recorded"
+    return _unchanged_cordon(f"node {node_id}:", f"cordoned: {cordon_reason_text(node)}")
+
+
+def _unchanged_cordon(subject: str, cordon_now: str) -> str:
+    """What a cordon or uncordon that changed nothing says, of a node or of a GPU: one
+    form (``node gpu-1: GPU 0 already uncordoned; nothing recorded``), the semicolon
+    because a cordon's reason may hold commas."""
+    return f"{subject} already {cordon_now}; nothing recorded"
 
 
 def uncordon(
@@ -228,12 +235,12 @@ def _gpu_change(
     def path() -> str:
         return f"{ADMIN}/nodes/{segment(node_id, 'the node id')}/gpus/{gpu}/{command}"
 
-    def said(answer: NodeChange, already: str) -> str:
+    def cordon_now(answer: NodeChange) -> str:
         listed = next((g for g in answer.node.gpus if g.index == gpu), None)
         if listed is None or not listed.cordoned:
-            return f"node {node_id}: GPU {gpu} {already}uncordoned"
+            return "uncordoned"
         reason = listed.cordon_reason or "no reason given"
-        return f"node {node_id}: GPU {gpu} {already}cordoned by {listed.cordoned_by}: {reason}"
+        return f"cordoned by {listed.cordoned_by}: {reason}"
 
     return post_change(
         command,
@@ -242,8 +249,10 @@ def _gpu_change(
         body,
         output,
         connection,
-        done=lambda answer: said(answer, ""),
-        unchanged=lambda answer: f"{said(answer, 'already ')}; nothing recorded",
+        done=lambda answer: f"node {node_id}: GPU {gpu} {cordon_now(answer)}",
+        unchanged=lambda answer: _unchanged_cordon(
+            f"node {node_id}: GPU {gpu}", cordon_now(answer)
+        ),
     )
 
 
@@ -262,7 +271,7 @@ def _change(
         output,
         connection,
         done=f"node {node_id}: {command}ed",
-        unchanged=f"node {node_id}: already {command}ed, nothing recorded",
+        unchanged=_unchanged_cordon(f"node {node_id}:", f"{command}ed"),
     )
 
 

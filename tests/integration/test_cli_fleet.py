@@ -174,6 +174,7 @@ async def test_cordon_and_uncordon_are_recorded_as_the_operator_and_say_when_not
     bare = await operator.run("cordon", node)
     shown = await operator.run("node", node, "--output", "json")
     uncordoned = await operator.run("uncordon", node, "--output", "json")
+    uncordoned_again = await operator.run("uncordon", node)
     unknown = await operator.run("cordon", "gpu-nowhere")
 
     assert cordoned.stdout == f"node {node}: cordoned: fan noise\n"
@@ -185,6 +186,8 @@ async def test_cordon_and_uncordon_are_recorded_as_the_operator_and_say_when_not
         "ECC errors on GPU 3",
     )
     assert (uncordoned.json()["changed"], uncordoned.json()["node"]["cordoned"]) == (True, False)
+    # The same form as every cordon's and uncordon's no-op, a GPU's too (before: ", nothing").
+    assert uncordoned_again.stdout == f"node {node}: already uncordoned; nothing recorded\n"
     recorded = (await pg_store.read_stream(node_stream(node)))[-3:]
     assert [(type(r.event).__name__, r.meta.actor) for r in recorded] == [
         ("NodeCordoned", OPERATOR),
