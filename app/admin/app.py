@@ -17,6 +17,7 @@ from app.admin.certificates import CertificateController
 from app.admin.drains import DrainController
 from app.admin.errors import EXCEPTION_HANDLERS
 from app.admin.events import EventsController
+from app.admin.head import serve_head
 from app.admin.health import Readiness, healthz, readyz
 from app.admin.history import HistoryController
 from app.admin.idempotency_header import declare_in_schema, idempotency_of
@@ -123,4 +124,5 @@ def create_admin_app(
         debug=False,
     )
     declare_in_schema(app)
+    serve_head(app)
     return app

@@ -23,6 +23,7 @@ from litestar.status_codes import (
 )
 from litestar.types import ExceptionHandlersMap
 
+from app.admin.head import requested_method, with_head
 from app.domain.describe import describe
 from app.domain.envelope import Recorded
 from app.domain.idempotency import KeyReused, KeyShownOnce
@@ -120,17 +121,23 @@ def handle_http(request: Request[Any, Any, Any], exc: HTTPException) -> Response
     extra: dict[str, Any] = {}
     if isinstance(exc, ValidationException) and exc.extra:
         extra["errors"] = exc.extra
-    return problem(exc.status_code, _slug(exc), _detail(request, exc), exc.headers, **extra)
+    headers = exc.headers
+    if isinstance(exc, MethodNotAllowedException) and headers and "allow" in headers:
+        headers = {**headers, "allow": with_head(headers["allow"])}
+    return problem(exc.status_code, _slug(exc), _detail(request, exc, headers), headers, **extra)
 
 
-def _detail(request: Request[Any, Any, Any], exc: HTTPException) -> str:
+def _detail(
+    request: Request[Any, Any, Any], exc: HTTPException, headers: dict[str, str] | None
+) -> str:
     """The exception's detail; the router's own (``Not Found``, ``Method Not Allowed``)
-    replaced by one naming the path, and the methods it takes."""
+    replaced by one naming the path, and the methods it takes (as ``headers``' ``Allow``)."""
     raw_path: bytes = request.scope.get("raw_path") or request.scope["path"].encode()
     path = raw_path.decode("ascii", "backslashreplace")
     if isinstance(exc, MethodNotAllowedException):
-        allowed = (exc.headers or {}).get("allow", "")
-        return f"{request.method} is not a method of {path}; it takes {allowed}"
+        allowed = (headers or {}).get("allow", "")
+        method = requested_method(request.scope)
+        return f"{method} is not a method of {path}; it takes {allowed}"
     if isinstance(exc, NotFoundException) and exc.detail == HTTPStatus.NOT_FOUND.phrase:
         return f"no such path: {path}"
     if isinstance(exc, ValidationException) and exc.detail.startswith(_LITESTAR_VALIDATION):

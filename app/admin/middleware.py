@@ -1,5 +1,8 @@
 """What every admin API request passes before it is routed, in the order it passes it.
 
+Before all of these, a ``HEAD`` is routed as the ``GET`` of its path and answered without
+a body (``app.admin.head``): it passes them as that ``GET``, and is logged as a ``HEAD``.
+
 1. **Its log line and request id** (``log_requests``). One log line per request, carrying
    its request id and actor: at debug, so that polling and health checks write nothing at
    info, unless the answer was 5xx (error) or the request slow (warning; an event stream is
@@ -28,7 +31,8 @@
    model's ``GET`` and ``DELETE`` beside its ``PUT``) are merged into a route that keeps the
    first one's ``OPTIONS`` handler and its list: ``OPTIONS /admin/v1/models/llama`` named
    ``OPTIONS, PUT`` while a 405 at the same path named ``GET`` and ``DELETE`` too. The
-   answer is taken from the routes as the app serves them, as a 405's is.
+   answer is taken from the routes as the app serves them, as a 405's is, and names
+   ``HEAD`` wherever it names ``GET``.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from litestar.types import (
 )
 
 from app.admin.auth import ACTOR_KEY
+from app.admin.head import requested_method, with_head
 from app.listeners.bom import LeadingMark
 from app.logs import request_level
 from app.services.operations import new_request_id
@@ -111,7 +116,7 @@ def log_requests(app: ASGIApp) -> ASGIApp:
                     log.log(
                         request_level(status, 0.0 if streaming else duration_s),
                         "admin_request",
-                        method=scope.get("method"),
+                        method=requested_method(scope),
                         path=path,
                         status=status,
                         actor=state.get(ACTOR_KEY),
@@ -168,10 +173,10 @@ def skip_byte_order_mark(app: ASGIApp) -> ASGIApp:
 
 def allow_value(app: Litestar, path_template: str) -> str | None:
     """The ``Allow`` value of the route at ``path_template`` (``/models/{name}``, as Litestar
-    puts it in the scope): its methods, sorted."""
+    puts it in the scope): its methods, sorted, with ``HEAD`` after ``GET``."""
     for route in app.routes:
         if isinstance(route, HTTPRoute) and route.path_format == path_template:
-            return ", ".join(sorted(route.methods))
+            return with_head(", ".join(sorted(route.methods)))
     return None
 
 

@@ -209,10 +209,10 @@ async def test_a_spec_with_a_key_written_twice_is_a_422_naming_it(
 @pytest.mark.parametrize(
     ("path", "methods"),
     [
-        ("/admin/v1/models/llama", {"GET", "PUT", "DELETE", "OPTIONS"}),
+        ("/admin/v1/models/llama", {"GET", "HEAD", "PUT", "DELETE", "OPTIONS"}),
         ("/admin/v1/models/llama/autoscale", {"PUT", "PATCH", "DELETE", "OPTIONS"}),
-        ("/admin/v1/keys", {"GET", "POST", "OPTIONS"}),
-        ("/admin/v1/nodes/gpu-1", {"GET", "OPTIONS"}),
+        ("/admin/v1/keys", {"GET", "HEAD", "POST", "OPTIONS"}),
+        ("/admin/v1/nodes/gpu-1", {"GET", "HEAD", "OPTIONS"}),
     ],
     ids=["model", "autoscale", "keys", "node"],
 )

@@ -10,6 +10,7 @@ from litestar.types import Message, Receive, Scope, Send
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
+from app.admin.head import answer_head_as_get
 from app.admin.middleware import log_requests
 
 log = structlog.get_logger("tests.admin")
@@ -68,3 +69,32 @@ async def test_a_failed_request_is_an_error_and_health_checks_log_nothing() -> N
     assert [(e["log_level"], e["status"], e["path"]) for e in lines] == [
         ("error", 503, "/admin/v1/replicas")
     ]
+
+
+async def test_a_head_is_handled_as_its_get_logged_as_a_head_and_sent_no_body() -> None:
+    sent: list[Message] = []
+    seen: list[tuple[str, Message]] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def get_only(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}", "more_body": True})
+        seen.append((scope["method"], await receive()))
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    scope: Any = {"type": "http", "method": "HEAD", "path": "/admin/v1/nodes", "headers": []}
+    with capture_logs() as logs:
+        await answer_head_as_get(log_requests(get_only))(scope, receive, send)
+
+    assert seen == [("GET", {"type": "http.disconnect"})]
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert (sent[1]["body"], sent[1]["more_body"]) == (b"", False)
+    assert [(e["method"], e["status"]) for e in logs if e["event"] == "admin_request"] == [
+        ("HEAD", 200)
+    ]
+    assert scope["method"] == "HEAD"
