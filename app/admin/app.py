@@ -20,12 +20,13 @@ from app.admin.events import EventsController
 from app.admin.head import serve_head
 from app.admin.health import Readiness, healthz, readyz
 from app.admin.history import HistoryController
-from app.admin.idempotency_header import declare_in_schema, idempotency_of
+from app.admin.idempotency_header import idempotency_of
 from app.admin.keys import KeyController
 from app.admin.metrics import ClusterMetrics, GatewayPage, LiveSource, metrics
 from app.admin.middleware import MIDDLEWARE, REQUEST_ID_KEY, request_id_of
 from app.admin.models import ModelController
 from app.admin.nodes import NodeController
+from app.admin.operation_schema import declare_in_schema
 from app.admin.placement import PlacementController
 from app.admin.replicas import ReplicaController
 from app.admin.rollouts import RolloutController

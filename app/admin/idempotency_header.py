@@ -5,21 +5,17 @@ A change (POST, PUT, DELETE) may carry one key: a bad one, or two, is a 400 nami
 header, before anything is decided. What the key does is ``app.domain.idempotency``'s; a
 request that only reads ignores it.
 
-The OpenAPI schema declares the header on the operations that read it
-(``declare_in_schema``): the changes whose handler takes the ``caller``, which is where the
-header is read. A POST that only previews (a model's preview, a placement dry run) takes
-none, and neither reads nor declares it.
+The OpenAPI schema declares the header (``SCHEMA_PARAMETER``) on the operations that read
+it (``app.admin.operation_schema``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from litestar import Litestar, Request
+from litestar import Request
 from litestar.exceptions import ValidationException
-from litestar.openapi.spec import OpenAPIType, Operation, Parameter, Schema
-from litestar.routes import HTTPRoute
+from litestar.openapi.spec import OpenAPIType, Parameter, Schema
 
 from app.domain.idempotency import (
     KEY_CHARACTERS,
@@ -31,7 +27,7 @@ from app.domain.idempotency import (
 )
 
 HEADER = "idempotency-key"
-_CHANGING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+CHANGING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 CALLER_PARAMETER = "caller"
 """The handler parameter whose dependency (``app.admin.app.provide_caller``) reads the key."""
 
@@ -56,30 +52,10 @@ SCHEMA_PARAMETER = Parameter(
 )
 
 
-@dataclass
-class ReadsIdempotencyKey(Operation):
-    """Litestar's operation of a change that reads the header, with the header declared."""
-
-    def __post_init__(self) -> None:
-        self.parameters = [*(self.parameters or []), SCHEMA_PARAMETER]
-
-
-def declare_in_schema(app: Litestar) -> None:
-    """Declares the header in ``app``'s OpenAPI schema on every change whose handler reads
-    it; before the schema is first served (Litestar builds it then)."""
-    for route in app.routes:
-        if not isinstance(route, HTTPRoute):
-            continue
-        for handler in route.route_handlers:
-            changes = handler.http_methods <= _CHANGING_METHODS
-            if changes and CALLER_PARAMETER in handler.parsed_fn_signature.parameters:
-                handler.operation_class = ReadsIdempotencyKey
-
-
 async def idempotency_of(request: Request[Any, Any, Any]) -> IdempotencyKey | None:
     """The request's key and what it asks; None when it sent none or only reads. Raises
     ``ValidationException`` (400) for a key that is malformed or sent more than once."""
-    if request.method not in _CHANGING_METHODS:
+    if request.method not in CHANGING_METHODS:
         return None
     sent = request.headers.getall(HEADER, [])
     if not sent:

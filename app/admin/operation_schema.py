@@ -1,0 +1,69 @@
+"""What the admin API's OpenAPI schema says of each operation beyond what Litestar reads
+from its handler:
+
+- the ``Idempotency-Key`` header, on each change that reads it (``app.admin.idempotency_header``):
+  the changes whose handler takes the ``caller``, which is where the header is read. A POST
+  that only previews (a model's preview, a placement dry run) takes none, and neither reads
+  nor declares it;
+- a request body that may be left out, as not required. Litestar marks every body it reads
+  required, whatever the handler's ``data`` defaults to, so the schema said a drain, an
+  uncordon or a model's removal needed a body that none of them does
+  (``app.admin.bodies``): a client made from the schema would refuse to send them without
+  one. A body without a default stays required.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cache
+
+from litestar import Litestar
+from litestar.handlers import HTTPRouteHandler
+from litestar.openapi.spec import Operation, RequestBody
+from litestar.routes import HTTPRoute
+
+from app.admin.idempotency_header import CALLER_PARAMETER, CHANGING_METHODS, SCHEMA_PARAMETER
+
+BODY_PARAMETER = "data"
+"""The handler parameter Litestar reads the request body into."""
+
+
+@cache
+def operation_class(*, reads_idempotency_key: bool, body_optional: bool) -> type[Operation]:
+    """Litestar's operation, with the header declared and the body's need said as asked."""
+
+    @dataclass
+    class AdminOperation(Operation):
+        def __post_init__(self) -> None:
+            if reads_idempotency_key:
+                self.parameters = [*(self.parameters or []), SCHEMA_PARAMETER]
+            if body_optional and isinstance(self.request_body, RequestBody):
+                self.request_body = replace(self.request_body, required=False)
+
+    return AdminOperation
+
+
+def reads_idempotency_key(handler: HTTPRouteHandler) -> bool:
+    changes = handler.http_methods <= CHANGING_METHODS
+    return changes and CALLER_PARAMETER in handler.parsed_fn_signature.parameters
+
+
+def body_optional(handler: HTTPRouteHandler) -> bool:
+    """Whether a request to ``handler`` may come without a body: it reads one into a
+    ``data`` that has a default."""
+    data = handler.parsed_fn_signature.parameters.get(BODY_PARAMETER)
+    return data is not None and data.has_default
+
+
+def declare_in_schema(app: Litestar) -> None:
+    """Says in ``app``'s OpenAPI schema what Litestar does not; before the schema is first
+    served (Litestar builds it then)."""
+    for route in app.routes:
+        if not isinstance(route, HTTPRoute):
+            continue
+        for handler in route.route_handlers:
+            key, optional = reads_idempotency_key(handler), body_optional(handler)
+            if key or optional:
+                handler.operation_class = operation_class(
+                    reads_idempotency_key=key, body_optional=optional
+                )
