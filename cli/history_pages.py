@@ -53,7 +53,9 @@ def history(
         return list(_iter_history(client, subject, key, after))
     pages: list[list[HistoryEvent]] = []
     remaining, before = limit, NEWEST
-    while remaining > 0:
+    # After the largest position no event can be: the API refuses after >= before as a
+    # request that cannot be meant, which this one, from the flags alone, is not.
+    while remaining > 0 and after < before:
         check_page_count(client, len(pages) + 1, "history", HISTORY_PAGE_SIZE, "events")
         size = min(remaining, HISTORY_PAGE_SIZE)
         page = _history_page(

@@ -88,6 +88,8 @@ class HistoryController(Controller):
         ] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=5000)] = 500,
     ) -> HistoryPage:
+        if before is not None:
+            _refuse_empty_range(after, before)
         if subject is Subject.KEY:  # by id, prefix or name, as `keys revoke` takes it
             key = (await operations.find_key(key)).id
         elif subject is Subject.CERTIFICATE:  # as `cert show` or openssl prints it
@@ -101,6 +103,18 @@ class HistoryController(Controller):
             next_after=events[-1].position if full and before is None else None,
             next_before=events[0].position if full and before is not None else None,
         )
+
+
+def _refuse_empty_range(after: int, before: int) -> None:
+    """400 for ``after`` at or past ``before``: no event is both, and an empty page would
+    read as a history that has none, not as the mistake it is."""
+    if after < before:
+        return
+    reason = f"must be less than before ({before}): no event is after {after} and before {before}"
+    raise ValidationException(
+        f"after ({after}) {reason}",
+        extra=[{"key": "after", "message": reason, "source": "query"}],
+    )
 
 
 def _serial(text: str) -> str:

@@ -324,3 +324,24 @@ async def test_a_query_parameter_of_the_wrong_shape_is_named_in_the_detail(
     answer = await admin.get(path)
 
     assert problem_of(answer, 400)["detail"] == detail
+
+
+@pytest.mark.parametrize(("after", "before"), [(12, 12), (12, 5)], ids=["at", "past"])
+async def test_history_after_at_or_past_before_is_a_400_naming_both(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, after: int, before: int
+) -> None:
+    # It was a 200 with no events: a history that looked empty, not a request that was wrong.
+    await seeded(admin, pg_store)
+
+    answer = await admin.get(
+        "/admin/v1/history/model/llama", params={"after": after, "before": before}
+    )
+    just_before = await admin.get(
+        "/admin/v1/history/model/llama", params={"after": before - 1, "before": before}
+    )
+
+    reason = f"must be less than before ({before}): no event is after {after} and before {before}"
+    problem = problem_of(answer, 400)
+    assert problem["detail"] == f"after ({after}) {reason}"
+    assert problem["errors"] == [{"key": "after", "message": reason, "source": "query"}]
+    assert just_before.status_code == 200, just_before.text

@@ -84,3 +84,40 @@ def test_a_count_or_position_past_the_last_log_position_is_bad_usage(
     assert capsys.readouterr().err == (
         f"llmgw-cli {command}: {flag} must be from {low} to {2**63 - 1}, got {number}\n"
     )
+
+
+class RefusingEmptyRanges(StubHandler):
+    """The history endpoint as it refuses ``after`` at or past ``before`` (400), else a
+    history with no events."""
+
+    asked: list[dict[str, list[str]]] = []
+
+    def do_GET(self) -> None:
+        query = parse_qs(urlsplit(self.path).query)
+        self.asked.append(query)
+        after, before = int(query["after"][0]), int(query.get("before", [str(2**63)])[0])
+        if after >= before:
+            detail = f"after ({after}) must be less than before ({before})"
+            problem = {"title": "validation", "status": 400, "detail": detail}
+            self.answer(400, "application/problem+json", msgspec.json.encode(problem))
+            return
+        body = {"kind": "node", "id": "gpu-1", "events": [], "next_before": None}
+        self.answer(200, "application/json", msgspec.json.encode(body))
+
+
+def test_the_newest_events_after_the_last_position_are_none_not_a_refusal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --after at the largest position with --limit asked the API for the events after it
+    # and before it, and printed the API's refusal of flags the operator never gave.
+    last = 2**63 - 1
+    with stub_admin_api(RefusingEmptyRanges, monkeypatch) as url:
+        code = node_history(
+            "gpu-1", output="table", limit=3, after=last, connection=ConnectionFlags(admin_url=url)
+        )
+
+    assert code == 1
+    assert capsys.readouterr().err == (
+        f"llmgw-cli history node: no events for node gpu-1 after position {last}\n"
+    )
+    assert all(int(q["after"][0]) < int(q["before"][0]) for q in RefusingEmptyRanges.asked)
