@@ -198,3 +198,27 @@ def _first_repeated(page: list[ListedKey], seen: set[str]) -> str | None:
             return key.view.id
         seen.add(key.view.id)
     return None
+
+
+def repeated_models(scope: list[str]) -> list[str]:
+    """What is wrong with each model ``scope`` names more than once, as the API says it
+    (``'demo' is listed twice (1st and 2nd)``), counting from 1 as an operator reads a
+    list: said before anything is sent, and nothing is."""
+    places: dict[str, list[int]] = {}
+    for number, model in enumerate(scope, start=1):
+        places.setdefault(model, []).append(number)
+    reasons = []
+    for model, at in places.items():
+        if len(at) > 1:
+            times = "twice" if len(at) == 2 else f"{len(at)} times"
+            where = [_ordinal(number) for number in at]
+            listed = f"{', '.join(where[:-1])} and {where[-1]}"
+            reasons.append(f"{model!r} is listed {times} ({listed}): list each model once")
+    return reasons
+
+
+def _ordinal(number: int) -> str:
+    suffix = (
+        "th" if 11 <= number % 100 <= 13 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    )
+    return f"{number}{suffix}"

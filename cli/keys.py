@@ -143,6 +143,10 @@ def create_key(
     if not scope:
         print_error("keys create", f"--models names no model; give names, or {ALL_MODELS!r}")
         return EXIT_USAGE
+    repeated = key_requests.repeated_models(scope)
+    if repeated:
+        print_error("keys create", f"--models: {'; '.join(repeated)}")
+        return EXIT_USAGE
     try:
         until = expiry(expires_in, expires_at, datetime.now(UTC))
     except UsageError as exc:

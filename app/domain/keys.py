@@ -224,6 +224,9 @@ def utc_text(at: datetime) -> str:
 def _scope_errors(state: ClusterState, models: Sequence[str]) -> list[SpecError]:
     if not models:
         return [SpecError("models", f"list at least one model, or {ALL_MODELS!r} for every model")]
+    repeated = repeated_models(models)
+    if repeated:
+        return [SpecError("models", reason) for reason in repeated]
     if ALL_MODELS in models:
         if len(set(models)) > 1:
             return [SpecError("models", f"{ALL_MODELS!r} means every model: give it alone")]
@@ -240,6 +243,24 @@ def _scope_errors(state: ClusterState, models: Sequence[str]) -> list[SpecError]
             f"declared (declared models: {listed}; {ALL_MODELS!r} for every model)",
         )
     ]
+
+
+def repeated_models(models: Sequence[str]) -> list[str]:
+    """What is wrong with each model ``models`` names more than once, naming where
+    (``'demo' is listed twice (models[0] and models[1])``). A key would be recorded with
+    it once all the same; the request that named it twice most likely meant another model
+    the second time, and the caller should learn it was not granted."""
+    places: dict[str, list[int]] = {}
+    for index, model in enumerate(models):
+        places.setdefault(model, []).append(index)
+    reasons = []
+    for model, at in places.items():
+        if len(at) > 1:
+            times = "twice" if len(at) == 2 else f"{len(at)} times"
+            where = [f"models[{index}]" for index in at]
+            listed = f"{', '.join(where[:-1])} and {where[-1]}"
+            reasons.append(f"{model!r} is listed {times} ({listed}): list each model once")
+    return reasons
 
 
 def scope_of(models: Sequence[str]) -> tuple[str, ...]:

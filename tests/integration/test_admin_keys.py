@@ -440,3 +440,24 @@ async def test_creations_of_one_name_at_once_in_one_process_make_one_key(
         "NewKey",
     ]
     assert [k.name for k in await operations.list_keys()] == ["ci"]
+
+
+async def test_a_model_listed_twice_is_refused_naming_where_and_records_nothing(
+    alice: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    # It was created with the model once, silently: the second was most likely meant to be
+    # another model, which the key then could not use.
+    await declare(alice, "llama")
+    position = (await pg_store.catch_up()).position
+
+    answer = await alice.post(KEYS, json={"name": "ci", "models": ["llama", "llama"]})
+
+    body = problem_of(answer, 422, "invalid-key")
+    assert body["errors"] == [
+        {
+            "field": "models",
+            "reason": "'llama' is listed twice (models[0] and models[1]): list each model once",
+        }
+    ]
+    assert (await pg_store.catch_up()).position == position
+    assert (await alice.get(KEYS)).json() == []

@@ -138,7 +138,7 @@ def test_every_drawn_key_round_trips_its_prefix(prefix: bytes, secret: bytes) ->
 def test_a_key_is_recorded_in_its_own_stream_with_its_scope_and_limits() -> None:
     state = given(*declared("llama", "qwen"))
 
-    change = create(state, "ci", ["qwen", "llama", "qwen"], rpm=60, tpm=100_000)
+    change = create(state, "ci", ["qwen", "llama"], rpm=60, tpm=100_000)
 
     assert change.stream == key_stream("k-0badc0de")
     [event] = change.events
@@ -185,6 +185,16 @@ def test_with_no_model_declared_the_refusal_says_so() -> None:
     [
         ({"models": []}, "models", "list at least one model, or '*' for every model"),
         ({"models": ["*", "llama"]}, "models", "'*' means every model: give it alone"),
+        (
+            {"models": ["llama", "llama"]},
+            "models",
+            "'llama' is listed twice (models[0] and models[1]): list each model once",
+        ),
+        (
+            {"models": ["*", "*"]},
+            "models",
+            "'*' is listed twice (models[0] and models[1]): list each model once",
+        ),
         ({"rpm": 0}, "rpm", "must be between 1 and 2147483647 (or left out)"),
         ({"tpm": -5}, "tpm", "must be between 1 and 2147483647 (or left out)"),
         ({"tpm": 2**31}, "tpm", "must be between 1 and 2147483647 (or left out)"),
@@ -207,6 +217,21 @@ def test_a_bad_request_is_refused_naming_the_field(
     [error] = refused.value.errors
     assert error.field == field
     assert error.reason.startswith(reason)
+
+
+def test_each_model_listed_more_than_once_is_named_with_where() -> None:
+    state = given(*declared("llama", "qwen"))
+
+    with pytest.raises(keys.InvalidKey) as refused:
+        create(state, models=["qwen", "llama", "qwen", "llama", "qwen"])
+
+    assert [(e.field, e.reason) for e in refused.value.errors] == [
+        (
+            "models",
+            "'qwen' is listed 3 times (models[0], models[2] and models[4]): list each model once",
+        ),
+        ("models", "'llama' is listed twice (models[1] and models[3]): list each model once"),
+    ]
 
 
 def test_every_problem_is_reported_at_once() -> None:
