@@ -28,7 +28,7 @@ from app.admin.traffic import TrafficSource, traffic_by_revision, traffic_view
 from app.domain.decision import AUTOSCALER
 from app.domain.envelope import Recorded
 from app.domain.events import model_stream
-from app.domain.model_spec import ModelSpec, SpecError
+from app.domain.model_spec import ModelSpec, SpecError, name_errors
 from app.domain.model_status import ModelStatus
 from app.domain.operation_results import InvalidSpec
 from app.domain.routing_settings import ROUTING_POLICIES, SESSION_KEY_SOURCES
@@ -55,7 +55,11 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 
 def spec_from_body(body: bytes, path_name: str | None) -> ModelSpec:
     """The spec a request sent; ``InvalidSpec`` naming the field when it does not decode, or
-    when its name differs from the one in the path."""
+    when its name differs from the one in the path. A path that names no model a spec
+    could have (``Bad%20Name``) is refused for that first, as the same name in a body is,
+    whatever the body holds: the body's name differing from it is not what is wrong."""
+    if path_name is not None and (bad_name := name_errors(path_name)):
+        raise InvalidSpec(path_name, bad_name)
     if not body.strip():
         raise InvalidSpec(path_name or "?", [SpecError("(body)", blank_body(body, optional=False))])
     try:

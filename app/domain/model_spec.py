@@ -140,6 +140,7 @@ __all__ = [
     "MIN_PREFIX_BYTES",
     "MIN_WEIGHT",
     "NAME_PATTERN",
+    "NAME_RULE",
     "ROUTING_POLICIES",
     "SESSION_KEY_SOURCES",
     "AutoscalePolicy",
@@ -153,6 +154,7 @@ __all__ = [
     "api_errors",
     "autoscale_policy_errors",
     "environment_errors",
+    "name_errors",
     "node_selector_errors",
     "rollout_policy_errors",
     "routing_setting_errors",
@@ -160,6 +162,10 @@ __all__ = [
 ]
 
 NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+NAME_RULE = (
+    "must be 1-63 lower-case letters, digits, '.', '_' or '-', "
+    "starting and ending with a letter or digit"
+)
 ENGINES = ("vllm", "sglang", "llamacpp", "openai")
 """The engines llmgw has a profile for (``wire.engines.PROFILES``, kept equal by a test)."""
 MAX_SPEC_BYTES = 64 * 1024
@@ -205,6 +211,11 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     """The APIs the gateway serves the model on (``API_NAMES``); any other is 404 for it."""
 
 
+def name_errors(name: str) -> list[SpecError]:
+    """What is wrong with ``name`` as a model's name: a spec's, or the one a path names."""
+    return [] if NAME_PATTERN.fullmatch(name) else [SpecError("name", NAME_RULE)]
+
+
 def validate_spec(spec: ModelSpec) -> list[SpecError]:
     """Every problem with `spec` (an empty list means it may be declared)."""
     errors: list[SpecError] = []
@@ -214,12 +225,7 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
         # Written as a range to hold, so that NaN (which compares false) is refused too.
         need(low <= value <= high, field, f"must be between {low} and {high}{note}")
 
-    need(
-        bool(NAME_PATTERN.fullmatch(spec.name)),
-        "name",
-        "must be 1-63 lower-case letters, digits, '.', '_' or '-', "
-        "starting and ending with a letter or digit",
-    )
+    errors.extend(name_errors(spec.name))
     errors.extend(command_errors(spec.command))
     spec_size = len(msgspec.json.encode(spec))
     need(

@@ -876,3 +876,39 @@ async def test_an_unknown_id_of_3000_characters_is_echoed_back_shortened_saying_
         )
     short = problem_of(await admin.get("/admin/v1/drains/drain-0a1b2c3d"), 404)
     assert (short["id"], "id_length" in short) == ("drain-0a1b2c3d", False)
+
+
+# -- a path that names no model a spec could have ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"command": COMMAND, "name": "good"}, {"command": COMMAND}, {"command": 5}, {}],
+    ids=["another valid name", "no name", "a bad field", "nothing declared"],
+)
+@pytest.mark.parametrize("action", ["", "/preview"], ids=["declare", "preview"])
+async def test_a_path_naming_an_invalid_model_name_is_refused_for_that_whatever_the_body(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, body: dict[str, Any], action: str
+) -> None:
+    # With a valid name in the body it was refused for the two names differing, as if the
+    # body were what to change, and with a bad field for that field.
+    before = await seeded(admin, pg_store)
+    method = "POST" if action else "PUT"
+
+    answer = await admin.request(method, f"/admin/v1/models/Bad%20Name{action}", json=body)
+    same_in_a_body = await admin.post(
+        "/admin/v1/placement", json={"command": COMMAND, "name": "Bad Name"}
+    )
+
+    problem = problem_of(answer, 422)
+    assert problem["title"] == "invalid-spec"
+    assert problem["detail"].startswith("spec of model 'Bad Name' is invalid")
+    assert problem["errors"] == problem_of(same_in_a_body, 422)["errors"]
+    assert problem["errors"] == [
+        {
+            "field": "name",
+            "reason": "must be 1-63 lower-case letters, digits, '.', '_' or '-', starting and "
+            "ending with a letter or digit",
+        }
+    ]
+    assert await last_position(pg_store) == before
