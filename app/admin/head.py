@@ -10,10 +10,10 @@ path, and its answer is sent without a body. It is a ``GET`` all the way: a guar
 it as it refuses the ``GET`` (401 without credentials), and a ``GET`` records nothing. A path
 without a ``GET`` answers it 405 naming ``HEAD``, as it answers any method it does not take.
 
-The answer ends with its start, before any of the body is made: the ``GET``'s handler has
-already run by then, and a stream (``/admin/v1/events``) that would go on for ever is told,
-as ASGI tells an app whose answer has been sent, that the client is gone, so it stops
-before it has followed anything.
+The answer ends with its start, before any of the body is sent: the ``GET``'s handler has
+run by then, and a stream (``/admin/v1/events``) that would go on for ever is told, as ASGI
+tells an app whose answer has been sent, that the client is gone, so it stops at once; what
+it would have sent goes nowhere.
 
 Wherever an ``Allow`` names ``GET`` (an ``OPTIONS`` answer, a 405) it names ``HEAD`` too
 (``with_head``).
