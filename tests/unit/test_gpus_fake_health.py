@@ -84,8 +84,12 @@ def test_a_fifo_as_health_file_is_ignored_without_waiting_for_a_writer(tmp_path:
             except OSError:  # no reader yet
                 time.sleep(0.01)
                 continue
-            os.write(descriptor, b"{}")
-            os.close(descriptor)
+            try:
+                os.write(descriptor, b"{}")
+            except BrokenPipeError:  # the reader has seen enough and closed it already
+                pass
+            finally:
+                os.close(descriptor)
 
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
