@@ -197,9 +197,8 @@ def _taking_over(state: ClusterState, model: Model) -> str:
     ended = state.replicas.get(model.unreplaced_ends[0])
     if ended is None:
         return f"replaces {model.unreplaced_ends[0]}, "
-    if ended.phase is ReplicaPhase.TIMED_OUT and ended.end_reason:
-        # Its end reason tells how it ended already ("timed out starting after ...").
-        return f"replaces {ended.id}, which {ended.end_reason}, "
+    if ended.end_told_whole:
+        return f"replaces {ended.id}, which {ended.end_told_whole}, "
     how = _UNASKED_END_WORDS.get(ended.phase, ended.phase.value)
     why = f" ({ended.end_reason})" if ended.end_reason else ""
     return f"replaces {ended.id}, which {how}{why}, "

@@ -106,9 +106,7 @@ def _below_desired(
 
 
 def _how_it_ended(replica: Replica) -> str:
-    if replica.phase is ReplicaPhase.TIMED_OUT and replica.end_reason:
-        return replica.end_reason  # "timed out starting after ...": it says how already
-    return f"{replica.phase.value}, {replica.end_reason}"
+    return replica.end_told_whole or f"{replica.phase.value}, {replica.end_reason}"
 
 
 def _failures_in_a_row(count: int) -> str:

@@ -164,6 +164,13 @@ class Replica(msgspec.Struct, frozen=True, kw_only=True):
     def node_ids(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(shard.node_id for shard in self.shards))
 
+    @property
+    def end_told_whole(self) -> str | None:
+        """Its end reason where that says by itself how it ended (a startup timeout's:
+        ``timed out starting after 5s (limit 5s)``), so a text that names the end does not
+        say the phase again; None where the reason needs the phase beside it."""
+        return self.end_reason if self.phase is ReplicaPhase.TIMED_OUT else None
+
     def takes_shard_news(self, shard: Shard, phase: ShardPhase) -> bool:
         """Whether news that its ``shard`` is now in ``phase`` (a start, a ready, an
         adoption, an end) still changes the shard: any news while the replica is active.
