@@ -9,13 +9,13 @@ from datetime import datetime
 
 import msgspec
 
+from app.domain.failure_count import failures_in_a_row, failures_told
 from app.domain.gpu_moves import waiting_gpu_moves
 from app.domain.model_operations import find_model
 from app.domain.state import (
     ACTIVE_PHASES,
     COUNTING_PHASES,
     NOT_SERVING_YET,
-    STEADY_SERVING_S,
     ClusterState,
     Model,
     Replica,
@@ -78,7 +78,7 @@ def _below_desired(
         if model.backoff_until is not None and now < model.backoff_until:
             reasons.append(
                 f"placement waits until {model.backoff_until:%Y-%m-%d %H:%M:%S} after "
-                f"{_failures_in_a_row(model.failures)}"
+                f"{failures_in_a_row(model.failures)}"
             )
         if model.unplaceable_reason:
             reasons.append(f"cannot place {missing} replica(s): {model.unplaceable_reason}")
@@ -99,24 +99,9 @@ def _below_desired(
             default=None,
         )
         detail = f": {last.id} {_how_it_ended(last)}" if last else ""
-        reasons.append(
-            f"{_failures_in_a_row(model.failures)} ({_what_failures_count(model.failures)}){detail}"
-        )
+        reasons.append(f"{failures_told(model.failures)}{detail}")
     return tuple(reasons)
 
 
 def _how_it_ended(replica: Replica) -> str:
     return replica.end_told_whole or f"{replica.phase.value}, {replica.end_reason}"
-
-
-def _failures_in_a_row(count: int) -> str:
-    return "1 failure" if count == 1 else f"{count} failures in a row"
-
-
-def _what_failures_count(count: int) -> str:
-    """What ``Model.failures`` counts: not only starts, so "failed starts" would mislead an
-    operator looking for a replica that never served."""
-    within = f"within {STEADY_SERVING_S:.0f}s of serving"
-    if count == 1:
-        return f"a start that failed or an engine that crashed {within}"
-    return f"starts that failed or engines that crashed {within}"
