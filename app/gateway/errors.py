@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
+from app.domain.failure_count import failures_told
 from app.gateway.ratelimit import Quota, RateDecision
 from app.listeners.http11 import retry_after_header
 from wire.openai_error import ErrorBody, ErrorDetail
@@ -328,13 +329,13 @@ def no_serving_replica(model: str, *, scaled_to_zero: bool = False) -> ApiError:
 
 
 def failing_to_start(model: str, failures: int, retry_after_s: float) -> ApiError:
-    """``model`` has no replica and its last ``failures`` failed to start: the next is
-    started in ``retry_after_s``. Why they failed is not told: an engine's error names the
-    fleet's nodes, paths and hardware, which are the operators' to read (``llmgw-cli model``),
-    not every client's."""
-    replicas = "replica" if failures == 1 else f"{failures} replicas"
+    """``model`` has no replica and ``failures`` in a row, as the control plane counts them
+    (``Model.failures``: starts that failed, and engines that crashed soon after serving),
+    told in its words (``failures_told``): the next is started in ``retry_after_s``. Why
+    they failed is not told: an engine's error names the fleet's nodes, paths and hardware,
+    which are the operators' to read (``llmgw-cli model``), not every client's."""
     return _unavailable(
-        f"The model `{model}` is failing to start (its last {replicas} failed); "
+        f"The model `{model}` is failing to start: {failures_told(failures)}; "
         f"the next attempt is in {math.ceil(retry_after_s)} s.",
         "model_failing_to_start",
         retry_after_s,

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
+from app.domain.failure_count import failures_told
 from app.domain.traffic import Outcome, outcome_of_status
 from app.gateway.asgi import KeyCheck, Send, clock
 from app.gateway.disconnect import DisconnectWatch
@@ -297,6 +298,8 @@ class ExchangeSteps:
             case FailingToStart(failures=failures, retry_after_s=retry_after_s):
                 reason = "failing_to_start"
                 error = failing_to_start(model, failures, retry_after_s)
+                # An error still: engines failing is for an operator to look into.
+                exchange.note = f"the model is failing to start: {failures_told(failures)}"
             case Saturated(retry_after_s=retry_after_s, starting=starting):
                 reason, error = "saturated", saturated(model, retry_after_s, starting=starting)
             case ColdStartTimedOut(timeout_s=timeout_s, retry_after_s=retry_after_s):

@@ -48,7 +48,8 @@ class ModelRemoved(NoServingReplica):
 
 class FailingToStart(RouteRefused):
     def __init__(self, model: str, failures: int, retry_after_s: float) -> None:
-        """``model``'s last ``failures`` replicas failed or timed out and the next is
+        """``model`` has ``failures`` in a row (``Model.failures``: replicas that failed
+        or timed out as they started, or crashed soon after serving) and the next is
         placed in ``retry_after_s``."""
         super().__init__(
             f"model {model!r} is failing to start ({failures} in a row); "

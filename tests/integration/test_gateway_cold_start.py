@@ -268,8 +268,8 @@ async def test_a_model_failing_to_start_is_answered_at_once_not_after_its_cold_s
         error = released.json()["error"]
         assert (error["type"], error["code"]) == ("server_error", "model_failing_to_start")
         assert error["message"].startswith(
-            "The model `crashing` is failing to start (its last replica failed); the next "
-            "attempt is in "
+            "The model `crashing` is failing to start: 1 failure (a start that failed or an "
+            "engine that crashed within 60s of serving); the next attempt is in "
         )
         assert "gpu-1" not in released.text
         assert "exited" not in released.text

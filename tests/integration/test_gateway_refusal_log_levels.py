@@ -4,11 +4,13 @@ Given a real gateway logging its requests, a model its operator scaled to zero, 
 starting from zero that no replica serves within its cold-start timeout, and a declared
 model that simply has no replica: the first two answer 503 as they always did, and their
 request lines say so below error level (what happened is the model's state, not the
-gateway's or an engine's fault); the third is still an error.
+gateway's or an engine's fault); the third is still an error. A model failing to start is
+an error too, and its client is told what failed in the control plane's words.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -18,6 +20,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from app.gateway.server import StaticSource
+from app.gateway.table import StartFailure
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
 
 pytestmark = pytest.mark.timeout(60)
@@ -29,34 +32,49 @@ WAKING = f"waking-{RUN}"
 """Starting from zero: held for its cold-start timeout, which passes with no replica."""
 IDLE = f"idle-{RUN}"
 """Declared, without a replica or an autoscaling policy."""
+FAILING = f"failing-{RUN}"
+"""In failure backoff after 3 failures in a row, with no replica starting."""
 COLD_START_S = 0.2
+BACKOFF_S = 600.0
 
 
 @pytest.fixture(scope="module")
 def key_and_gateway() -> Iterator[tuple[str, GatewayThread]]:
     key, record = new_key()
     snapshot = msgspec.structs.replace(
-        snapshot_of([], [record], frozenset({ASLEEP, WAKING, IDLE})),
+        snapshot_of([], [record], frozenset({ASLEEP, WAKING, IDLE, FAILING})),
         cold_start_s={WAKING: COLD_START_S},
         scaled_to_zero=frozenset({ASLEEP}),
+        start_failures={FAILING: StartFailure(failures=3, retry_at=time.monotonic() + BACKOFF_S)},
     )
     with GatewayThread(StaticSource(snapshot), log_requests=True) as gateway:
         yield key, gateway
 
 
-def request_line(key_and_gateway: tuple[str, GatewayThread], model: str) -> dict[str, object]:
-    """The request line of one chat request for ``model``, which is answered 503."""
+def chat(key_and_gateway: tuple[str, GatewayThread], model: str) -> httpx.Response:
     key, gateway = key_and_gateway
+    return httpx.post(
+        f"{gateway.url}/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30.0,
+    )
+
+
+def refusal(
+    key_and_gateway: tuple[str, GatewayThread], model: str
+) -> tuple[httpx.Response, dict[str, object]]:
+    """One chat request for ``model``, which is answered 503, and its request line."""
     with capture_logs() as logs:
-        answer = httpx.post(
-            f"{gateway.url}/chat/completions",
-            json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=30.0,
-        )
+        answer = chat(key_and_gateway, model)
     assert answer.status_code == 503, answer.text
     [line] = [entry for entry in logs if entry["event"] == "gateway_request"]
-    return line
+    return answer, line
+
+
+def request_line(key_and_gateway: tuple[str, GatewayThread], model: str) -> dict[str, object]:
+    """The request line of one chat request for ``model``, which is answered 503."""
+    return refusal(key_and_gateway, model)[1]
 
 
 def test_a_model_scaled_to_zero_is_logged_at_info_saying_so(
@@ -82,3 +100,18 @@ def test_a_model_without_a_replica_or_a_policy_is_still_an_error(
 ) -> None:
     line = request_line(key_and_gateway, IDLE)
     assert (line["log_level"], line["model"], line["status"]) == ("error", IDLE, 503)
+
+
+def test_a_model_failing_to_start_is_an_error_told_in_the_control_planes_words(
+    key_and_gateway: tuple[str, GatewayThread],
+) -> None:
+    # Before, "(its last 3 replicas failed)": the count also takes in engines that crashed
+    # soon after they served, as `llmgw-cli model` says.
+    answer, line = refusal(key_and_gateway, FAILING)
+    counted = (
+        "3 failures in a row (starts that failed or engines that crashed within 60s of serving)"
+    )
+    message = answer.json()["error"]["message"]
+    assert message.startswith(f"The model `{FAILING}` is failing to start: {counted}; "), message
+    assert (line["log_level"], line["model"], line["status"]) == ("error", FAILING, 503)
+    assert line["note"] == f"the model is failing to start: {counted}"

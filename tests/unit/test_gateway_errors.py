@@ -210,17 +210,20 @@ def test_a_saturated_model_is_retryable() -> None:
     assert dict(error.headers) == {b"retry-after": b"2"}
 
 
-def test_a_model_failing_to_start_says_when_the_next_attempt_is() -> None:
+def test_a_model_failing_to_start_says_what_failed_and_when_the_next_attempt_is() -> None:
+    # Before, "its last 3 replicas failed": the count is the control plane's, which takes
+    # in engines that crashed soon after serving, and is told in its words.
     error = failing_to_start("m", 3, 37.2)
     assert (error.status, error.code) == (503, "model_failing_to_start")
     assert dict(error.headers) == {b"retry-after": b"38"}
     assert error_of(error.body())["message"] == (
-        "The model `m` is failing to start (its last 3 replicas failed); the next attempt is "
-        "in 38 s."
+        "The model `m` is failing to start: 3 failures in a row (starts that failed or "
+        "engines that crashed within 60s of serving); the next attempt is in 38 s."
     )
     one = failing_to_start("m", 1, 1.0)
     assert error_of(one.body())["message"] == (
-        "The model `m` is failing to start (its last replica failed); the next attempt is in 1 s."
+        "The model `m` is failing to start: 1 failure (a start that failed or an engine that "
+        "crashed within 60s of serving); the next attempt is in 1 s."
     )
 
 
