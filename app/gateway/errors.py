@@ -352,12 +352,17 @@ def cold_start_timed_out(model: str, timeout_s: float, retry_after_s: float) -> 
     )
 
 
+_RETRY_ELSEWHERE = "retry after 1 s: another gateway will answer."
+"""What a client told that this gateway is shutting down is to do, and why it may: another
+gateway behind the same address takes the request again at once."""
+
+
 def gateway_stopping(model: str) -> ApiError:
     """A request held while ``model`` started from zero, turned away as this gateway stops:
     another gateway (behind the same address) holds it again at once."""
     return _unavailable(
         f"The model `{model}` is starting from zero and this gateway is shutting down; "
-        "retry after 1 s.",
+        + _RETRY_ELSEWHERE,
         "gateway_shutting_down",
         1.0,
     )
@@ -444,7 +449,8 @@ def gateway_stopped() -> ApiError:
     gateway (behind the same address) takes it again at once."""
     return ApiError(
         503,
-        "This gateway is shutting down and could not answer the request in time; retry after 1 s.",
+        "This gateway is shutting down and could not answer the request in time; "
+        + _RETRY_ELSEWHERE,
         type="server_error",
         code="gateway_shutting_down",
         headers=((b"retry-after", retry_after_header(1.0)),),

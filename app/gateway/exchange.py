@@ -55,7 +55,8 @@ class CompletionExchange:
         self.note: str | None = None
         self.log_level: int | None = None
         """The level of the request's line where its status alone would mislead (a 503
-        that autoscaling means: ``ExchangeSteps.refused``); None: by its status."""
+        that autoscaling or a stopping gateway means: ``ExchangeSteps.refused``,
+        ``ServedRoute``); None: by its status."""
         self.quota_headers: tuple[Header, ...] = ()
         self.token_estimate = 1
         """What a tpm limit reserves at admission: prompt and the most it may generate."""

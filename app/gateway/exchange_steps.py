@@ -280,9 +280,10 @@ class ExchangeSteps:
 
     def refused(self, exchange: CompletionExchange, refusal: RouteRefused) -> ApiError:
         """The answer to a request the router found no replica for, counted by reason. A
-        503 that autoscaling means (the model is scaled to zero, or its cold start outlasted
-        the hold) is no fault of the gateway's or an engine's: its request line says what
-        happened, below error level (``finish``)."""
+        503 that autoscaling or an operator means (the model is scaled to zero, its cold
+        start outlasted the hold, or the gateway stopped while it was held) is no fault of
+        the gateway's or an engine's: its request line says what happened, below error
+        level (``finish``)."""
         model = exchange.model
         match refusal:
             case ModelRemoved():
@@ -313,6 +314,8 @@ class ExchangeSteps:
                 exchange.log_level = logging.WARNING
             case GatewayStopping():
                 reason, error = "gateway_stopping", gateway_stopping(model)
+                exchange.note = "held for the model's cold start when the gateway began stopping"
+                exchange.log_level = logging.INFO  # its operator stopped it; another answers
             case _:
                 raise TypeError(f"unknown refusal {refusal!r}")
         self._metrics.rejected(reason)

@@ -5,7 +5,8 @@ end. A route (``app.gateway.completions`` for a JSON body, ``app.gateway.uploads
 multipart upload) says only how it reads its request and forwards it (``handle``).
 
 A request still open when the gateway's graceful shutdown ends is cancelled: one not
-answered yet is answered 503 ``gateway_shutting_down``, a stream ends with an error event
+answered yet is answered 503 ``gateway_shutting_down`` and logged at warning, not as a
+fault (its operator stopped the gateway), a stream ends with an error event
 (``app.gateway.proxy``).
 
 The route is the ASGI callable itself and calls ``handle`` directly: a request passes
@@ -15,6 +16,7 @@ through no coroutine more than its route's own.
 from __future__ import annotations
 
 import asyncio
+import logging
 from abc import ABC, abstractmethod
 
 import structlog
@@ -26,6 +28,8 @@ from app.gateway.exchange import CompletionExchange
 from app.gateway.exchange_steps import ExchangeSteps, log
 from app.gateway.metrics import CLIENT_GONE
 from app.gateway.request_body import ClientGoneBeforeBody
+
+UNANSWERED_AT_STOP = "still unanswered when the gateway's shutdown grace ran out"
 
 
 class ServedRoute(ABC):
@@ -72,6 +76,10 @@ class ServedRoute(ABC):
                 # (a stream's relay ends it with an error event of its own).
                 if not exchange.answer_started:
                     exchange.status = 503
+                    exchange.note = UNANSWERED_AT_STOP
+                    # Its operator stopped the gateway: no fault, but requests longer
+                    # than the grace are worth a look.
+                    exchange.log_level = logging.WARNING
                     await refuse(send, gateway_stopped(), exchange.answer_headers())
                 raise
             exchange.status = CLIENT_GONE

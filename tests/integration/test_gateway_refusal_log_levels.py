@@ -1,11 +1,13 @@
-"""A 503 that autoscaling means is logged as what happened, not as a fault.
+"""A 503 that autoscaling or an operator means is logged as what happened, not as a fault.
 
 Given a real gateway logging its requests, a model its operator scaled to zero, a model
 starting from zero that no replica serves within its cold-start timeout, and a declared
 model that simply has no replica: the first two answer 503 as they always did, and their
 request lines say so below error level (what happened is the model's state, not the
 gateway's or an engine's fault); the third is still an error. A model failing to start is
-an error too, and its client is told what failed in the control plane's words.
+an error too, and its client is told what failed in the control plane's words. A request
+held for a cold start when its gateway is told to stop is turned away at info (the
+operator stopped it), told to retry, since another gateway answers.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import msgspec
@@ -22,6 +25,7 @@ from structlog.testing import capture_logs
 from app.gateway.server import StaticSource
 from app.gateway.table import StartFailure
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
+from tests.support.waiting import wait_until_blocking
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -115,3 +119,31 @@ def test_a_model_failing_to_start_is_an_error_told_in_the_control_planes_words(
     assert message.startswith(f"The model `{FAILING}` is failing to start: {counted}; "), message
     assert (line["log_level"], line["model"], line["status"]) == ("error", FAILING, 503)
     assert line["note"] == f"the model is failing to start: {counted}"
+
+
+def test_a_request_held_for_a_cold_start_as_the_gateway_stops_is_logged_at_info_saying_so() -> None:
+    """Its gateway was stopped by its operator: no fault, and its client goes elsewhere."""
+    key, record = new_key()
+    snapshot = msgspec.structs.replace(
+        snapshot_of([], [record], frozenset({WAKING})), cold_start_s={WAKING: 3600.0}
+    )
+    gateway = GatewayThread(StaticSource(snapshot), log_requests=True).__enter__()
+    with capture_logs() as logs, ThreadPoolExecutor(1) as pool:
+        held = pool.submit(chat, (key, gateway), WAKING)
+        wait_until_blocking(
+            lambda: gateway.call(gateway.gateway.queued) == {WAKING: 1}, what="the request held"
+        )
+        gateway.__exit__(None, None, None)
+        answer = held.result(timeout=30)
+
+    [line] = [entry for entry in logs if entry["event"] == "gateway_request"]
+    assert (line["log_level"], line["model"], line["status"]) == ("info", WAKING, 503)
+    assert line["note"] == "held for the model's cold start when the gateway began stopping"
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["retry-after"] == "1"
+    error = answer.json()["error"]
+    assert (error["code"], error["message"]) == (
+        "gateway_shutting_down",
+        f"The model `{WAKING}` is starting from zero and this gateway is shutting down; "
+        "retry after 1 s: another gateway will answer.",
+    )

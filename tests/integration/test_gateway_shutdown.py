@@ -4,7 +4,9 @@ Given a stream half relayed and a whole answer still being generated, when the g
 stops and its graceful shutdown runs out, then the stream ends with an error event that
 says why and ``data: [DONE]`` (the ``openai`` SDK raises it as an ``APIError``), the whole
 answer is 503 ``gateway_shutting_down`` with ``Retry-After``, each properly framed rather
-than a connection cut mid-answer, and the engine aborts both.
+than a connection cut mid-answer, and the engine aborts both. The whole answer's request
+line is a warning that says the grace ran out (requests longer than the grace are worth a
+look), not an error: the operator stopped the gateway.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import httpx
 import openai
 import pytest
+from structlog.testing import capture_logs
 
 from agent.simulator.launcher import SimulatorProcess, start_simulator
 from app.gateway.server import StaticSource
@@ -121,3 +124,34 @@ def test_the_sdk_raises_the_stopped_stream_as_an_api_error(sim: SimulatorProcess
 
     stopping.join(timeout=30)
     assert raised.value.code == "gateway_shutting_down"
+
+
+def test_a_request_unanswered_when_the_grace_runs_out_is_logged_at_warning_saying_so(
+    sim: SimulatorProcess,
+) -> None:
+    key, record = new_key()
+    route = Route(replica_id=REPLICA, model=MODEL, url=sim.base_url)
+    gateway = GatewayThread(
+        StaticSource(snapshot_of([route], [record])), graceful_shutdown_s=GRACE_S, log_requests=True
+    ).__enter__()
+    headers = {"authorization": f"Bearer {key}"}
+    with (
+        capture_logs() as logs,
+        httpx.Client(base_url=gateway.url, headers=headers, timeout=30) as http,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        whole = pool.submit(http.post, "/chat/completions", json=chat(stream=False))
+        wait_until_blocking(
+            lambda: gateway.in_flight().get(REPLICA) == 1, what="the request at the engine"
+        )
+        gateway.__exit__(None, None, None)
+        refused = whole.result(timeout=30)
+
+    [line] = [entry for entry in logs if entry["event"] == "gateway_request"]
+    assert (line["log_level"], line["model"], line["status"]) == ("warning", MODEL, 503)
+    assert line["note"] == "still unanswered when the gateway's shutdown grace ran out"
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"]["message"] == (
+        "This gateway is shutting down and could not answer the request in time; retry after "
+        "1 s: another gateway will answer."
+    )
