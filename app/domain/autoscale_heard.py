@@ -6,7 +6,10 @@ request of 50 ms every few seconds is almost never in flight then: by the sample
 such a model would look idle and go to zero between its requests. Every gateway also
 reports what each replica answered, failed and cancelled over its sliding window
 (``gateway_reports.traffic``): a request to any of the model's replicas in any live
-gateway's window says one came within that window, however short it was.
+gateway's window says one came within that window, however short it was. A gateway's
+report lists only so many replicas, the busiest, and a lightly used model's are the ones it
+leaves out: it names the models it heard among those (``app.domain.traffic_left_out``), and
+a model it names, whose replicas it does not list, is heard all the same.
 
 Only models that may go to zero ask (autoscaled, ``min`` 0): for the others idleness
 decides nothing, and a pass reads nothing for them. Ended replicas count too: a request
@@ -43,10 +46,11 @@ def replicas_to_hear(state: ClusterState) -> dict[str, list[str]]:
 
 def heard_within(figures: Mapping[str, TrafficFigures]) -> dict[str, float]:
     """The models whose replicas some gateway's window holds a request of (answered, failed
-    or cancelled), each with the longest window the live gateways report: how long ago
-    that request may have ended at most."""
+    or cancelled), listed in its report or left out of it (``TrafficFigures.unlisted``),
+    each with the longest window the live gateways report: how long ago that request may
+    have ended at most."""
     return {
         model: group.window_s
         for model, group in figures.items()
-        if group.requests > 0 or group.cancelled > 0
+        if group.requests > 0 or group.cancelled > 0 or group.unlisted > 0
     }

@@ -156,6 +156,10 @@ class TrafficFigures(msgspec.Struct, frozen=True, kw_only=True):
     latency_samples: int
     abandoned: int = 0
     """Of ``cancelled``, those cancelled before any of the answer came."""
+    unlisted: int = 0
+    """Of ``gateways``, those whose report, past the replicas a report lists, left out
+    replicas that may be some of these (``app.domain.traffic_left_out.may_lack``): the
+    figures may lack requests those gateways sent them."""
 
 
 class Counted(Protocol):

@@ -26,9 +26,11 @@ other's requests. The second one finds the row held and writes under a key of it
 A row is the writer's word, so a reader takes it as hostile: ``traffic`` is decoded per
 replica and ``queued`` per model into bounded types, and a piece that is too big or
 malformed is skipped (and logged), never a failure of the reader; ``ejected`` likewise
-per replica. ``in_flight`` is summed in the database: an entry that is not a whole count
-of at most ``MAX_IN_FLIGHT_PER_REPLICA`` is left out of the sums, a row that is not an
-object adds nothing.
+per replica, and ``traffic.left_out`` (what a report past ``MAX_REPORTED_REPLICAS`` says of
+the replicas it leaves out, ``app.domain.traffic_left_out``; absent from an older
+gateway's row) as one piece. ``in_flight`` is summed in the database: an entry that is not
+a whole count of at most ``MAX_IN_FLIGHT_PER_REPLICA`` is left out of the sums, a row that
+is not an object adds nothing.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.model_spec import NAME_PATTERN
 from app.domain.reports import SILENT_HOLD_S, GatewaysInFlight
-from app.domain.traffic import ReplicaTraffic, TrafficFigures, WindowSeconds, combined, merge
+from app.domain.traffic import ReplicaTraffic, TrafficFigures, WindowSeconds
+from app.domain.traffic_left_out import GatewayTraffic, LeftOut, figures_of_groups, leaving_out
 from app.store.database import connection
 
 log = structlog.get_logger(__name__)
@@ -55,7 +58,8 @@ FORGET_AFTER_S = 3600.0
 past the age every reader leaves it out at (``SILENT_HOLD_S``), and long enough for an
 operator to read a crashed gateway's last report."""
 MAX_REPORTED_REPLICAS = 2000
-"""A report lists at most this many replicas, the busiest; a reader refuses more."""
+"""A report lists at most this many replicas, the busiest; a reader refuses more. One that
+leaves replicas out names the models it heard among them (``left_out``)."""
 MAX_REPLICA_TRAFFIC_BYTES = 64 * 1024
 """One replica's figures are three histograms of at most 185 buckets: far below this."""
 MAX_REPLICA_ID_CHARS = 256
@@ -69,6 +73,8 @@ MAX_IN_FLIGHT_PER_REPLICA = 1_000_000
 and is left out of the sums."""
 MAX_QUEUED_REPORT_BYTES = 256 * 1024
 """2,000 models of the longest names with their counts fit in less."""
+MAX_LEFT_OUT_REPORT_BYTES = 256 * 1024
+"""``traffic.left_out`` names at most 2,000 models: far less."""
 
 MAX_EJECTED_IN_A_ROW = 1_000_000
 MAX_EJECTED_REPORT_BYTES = 640 * 1024
@@ -79,13 +85,18 @@ QueuedCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_QUEUED_PER_MODEL)]
 EjectionsInARow = Annotated[int, msgspec.Meta(ge=1, le=MAX_EJECTED_IN_A_ROW)]
 
 
-class TrafficReport(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class TrafficReport(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
     """``gateway_reports.traffic``: one gateway's window and what it saw per replica."""
 
     window_s: WindowSeconds
     replicas: Annotated[
         dict[ReplicaId, ReplicaTraffic], msgspec.Meta(max_length=MAX_REPORTED_REPLICAS)
     ]
+    left_out: LeftOut | None = None
+    """What the window held past the replicas listed (``bounded``); absent when it lists
+    every one, as a gateway of an older release always writes it."""
 
 
 class ReportWritten(msgspec.Struct, frozen=True, kw_only=True):
@@ -237,7 +248,10 @@ _SOME_REPLICAS_TRAFFIC = """
 SELECT gateway_id, (traffic->'window_s')::text AS window_s,
        (SELECT jsonb_object_agg(id, traffic->'replicas'->id)::text
         FROM unnest($1::text[]) AS id
-        WHERE traffic->'replicas' ? id) AS replicas
+        WHERE traffic->'replicas' ? id) AS replicas,
+       octet_length((traffic->'left_out')::text) AS left_out_size,
+       CASE WHEN octet_length((traffic->'left_out')::text) <= $3
+            THEN (traffic->'left_out')::text END AS left_out
 FROM gateway_reports
 WHERE reported_at > now() - make_interval(secs => $2) AND traffic IS NOT NULL
 """
@@ -245,19 +259,27 @@ WHERE reported_at > now() - make_interval(secs => $2) AND traffic IS NOT NULL
 _encoder = msgspec.json.Encoder()
 _decode_window = msgspec.json.Decoder(WindowSeconds).decode
 _decode_replica = msgspec.json.Decoder(ReplicaTraffic).decode
+_decode_left_out = msgspec.json.Decoder(LeftOut).decode
 _decode_raw_pieces = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
 _decode_count = msgspec.json.Decoder(QueuedCount).decode
 _decode_in_a_row = msgspec.json.Decoder(EjectionsInARow).decode
 
 
-def bounded(report: TrafficReport) -> TrafficReport:
-    """``report`` with at most ``MAX_REPORTED_REPLICAS`` replicas: the busiest."""
-    if len(report.replicas) <= MAX_REPORTED_REPLICAS:
+def bounded(report: TrafficReport, most: int = MAX_REPORTED_REPLICAS) -> TrafficReport:
+    """``report`` with at most ``most`` replicas, the busiest, and the models heard among
+    those it leaves out (``app.domain.traffic_left_out``): the least used are a lightly used
+    model's, which must not look idle for being left out."""
+    if len(report.replicas) <= most:
         return report
-    busiest = sorted(
-        report.replicas.items(), key=lambda item: item[1].requests + item[1].cancelled
-    )[-MAX_REPORTED_REPLICAS:]
-    return TrafficReport(window_s=report.window_s, replicas=dict(busiest))
+    ranked = sorted(report.replicas.items(), key=lambda item: item[1].requests + item[1].cancelled)
+    cut = len(ranked) - most
+    left = ranked[:cut]
+    heard = (replica for replica, seen in left if seen.requests or seen.cancelled)
+    return TrafficReport(
+        window_s=report.window_s,
+        replicas=dict(ranked[cut:]),
+        left_out=leaving_out([replica for replica, _ in left], heard, earlier=report.left_out),
+    )
 
 
 def longest_queues(queued: Mapping[str, int]) -> dict[str, int]:
@@ -377,21 +399,19 @@ class TrafficReports:
         gateways, not replicas. Empty when no live gateway reports traffic at all."""
         wanted = sorted({replica for members in groups.values() for replica in members})
         async with connection(self._engine) as db:
-            rows = await db.fetch(_SOME_REPLICAS_TRAFFIC, wanted, self._max_age_s)
-        seen: list[tuple[float, dict[str, ReplicaTraffic]]] = []
+            rows = await db.fetch(
+                _SOME_REPLICAS_TRAFFIC, wanted, self._max_age_s, MAX_LEFT_OUT_REPORT_BYTES
+            )
+        seen: list[GatewayTraffic] = []
         for row in rows:
             decoded = _decode_replicas(row["gateway_id"], row["window_s"], row["replicas"])
             if decoded is not None:
-                seen.append(decoded)
-        figures: dict[str, TrafficFigures] = {}
-        for group, members in groups.items():
-            merged = merge(
-                (window_s, combined(parts[m] for m in members if m in parts))
-                for window_s, parts in seen
-            )
-            if merged is not None:
-                figures[group] = merged
-        return figures
+                window_s, parts = decoded
+                left_out = _decode_left_out_part(
+                    row["gateway_id"], row["left_out_size"], row["left_out"]
+                )
+                seen.append(GatewayTraffic(window_s, parts, left_out))
+        return figures_of_groups(groups, seen)
 
     async def ejections(self) -> Ejections:
         """How many live gateways report ejections, and how many of them eject each
@@ -448,6 +468,23 @@ class InFlightReports(TrafficReports):
             for model, count in queued.items():
                 totals[model] = totals.get(model, 0) + count
         return {model: count for model, count in totals.items() if count > 0}
+
+
+def _decode_left_out_part(
+    gateway_id: str, size: int | None, document: str | None
+) -> LeftOut | None:
+    """What a gateway's report says of the replicas it left out; None when it says nothing
+    (it left none out, or wrote before reports said so) or what it says is malformed or
+    too big: that part alone is skipped (logged), its listed figures still count."""
+    if size is None:
+        return None
+    try:
+        if document is None:
+            raise ValueError(f"{size} bytes of left out replicas, over {MAX_LEFT_OUT_REPORT_BYTES}")
+        return _decode_left_out(document)
+    except (msgspec.DecodeError, ValueError) as exc:
+        _log_refused(gateway_id, f"left out replicas skipped: {exc}")
+        return None
 
 
 def _decode_replicas(
