@@ -16,6 +16,10 @@ The verdict is one of:
   no success among the requests it lacks could bring it within the allowance; and, when the
   stable side saw too few requests to compare with, when more than half of the canary's
   (of ``min_requests`` at least) failed and not as many of the stable side's;
+- **inconclusive** when a gateway's report left out, past the replicas a report lists,
+  replicas that may be the canary's or the stable side's (``TrafficFigures.unlisted``):
+  their figures would be partial, and a verdict on them could promote or roll back on
+  requests it cannot see;
 - **inconclusive** while too few were seen to tell: fewer than ``min_requests`` requests on
   either side, a latency p95 of fewer than ``min_latency_samples`` samples on either side
   (a p95 of fewer than 20 samples is their slowest: one slow request would fail a canary,
@@ -66,6 +70,9 @@ def judge(
     canary, stable = as_judged(canary), as_judged(stable)
     if ejected.canary:
         return _judged_by_ejections(ejected)
+    partial = _partial(canary, stable)
+    if partial is not None:
+        return INCONCLUSIVE, partial
     needed = policy.min_requests
     seen_canary = canary.requests if canary else 0
     seen_stable = stable.requests if stable else 0
@@ -150,6 +157,22 @@ def _named(ejected: Mapping[str, int]) -> str:
     more = len(ejected) - len(shown)
     listed = ", ".join(shown) + (f" and {more} more" if more else "")
     return f"replica(s) {listed}"
+
+
+def _partial(canary: TrafficFigures | None, stable: TrafficFigures | None) -> str | None:
+    """Why the figures are partial, if a gateway's report may have left out replicas of
+    either side."""
+    sides = [
+        f"{figures.unlisted} gateway(s) may have left replicas of {name} out of their reports"
+        for name, figures in (("the new revision", canary), ("the others", stable))
+        if figures is not None and figures.unlisted
+    ]
+    if not sides:
+        return None
+    return (
+        f"{' and '.join(sides)} (past the replicas a report lists): the figures may lack "
+        "their requests"
+    )
 
 
 def _too_few_requests(seen_canary: int, seen_stable: int, needed: int) -> str:

@@ -1,6 +1,7 @@
 """A gateway that served more replicas in its window than a report lists: the report keeps
 the busiest and names the models heard among the rest, within its bounds; a reader counts a
-named model's unlisted replicas as heard."""
+named model's unlisted replicas as heard, and a rollout does not judge on figures that may
+lack them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import msgspec
 import pytest
 
 from app.domain.autoscale_heard import heard_within
-from app.domain.traffic import ReplicaTraffic
+from app.domain.model_spec import RolloutPolicy
+from app.domain.rollout_verdict import INCONCLUSIVE, PROMOTE, judge
+from app.domain.traffic import ReplicaTraffic, merge
 from app.domain.traffic_left_out import (
     MAX_MODELS_NAMED,
     GatewayTraffic,
@@ -124,3 +127,19 @@ def test_a_gateway_that_could_not_name_every_model_may_have_left_out_any() -> No
     figures = figures_of_groups({"quiet": ["quiet-1"]}, [gateway({}, left_out)])
 
     assert figures["quiet"].unlisted == 1
+
+
+def test_a_verdict_waits_rather_than_judge_figures_a_report_may_have_left_out() -> None:
+    seen = merge([(60.0, ReplicaTraffic(requests=500))])
+    assert seen is not None
+    policy = RolloutPolicy()
+    assert judge(seen, seen, policy)[0] == PROMOTE
+
+    partial = msgspec.structs.replace(seen, unlisted=1)
+    verdict, reason = judge(partial, seen, policy)
+
+    assert verdict == INCONCLUSIVE
+    assert reason == (
+        "1 gateway(s) may have left replicas of the new revision out of their reports "
+        "(past the replicas a report lists): the figures may lack their requests"
+    )
