@@ -21,6 +21,7 @@ from app.admin.model_schemas import (
     ModelView,
     ScaleRequest,
 )
+from app.admin.operation_schema import body_read_by_hand
 from app.admin.schemas import as_view
 from app.admin.spec_display import shown_spec
 from app.admin.spec_fields import meant_field
@@ -186,6 +187,7 @@ class ModelController(GuardedController):
 
     @put(
         "/{name:str}",
+        dependencies=body_read_by_hand(ModelSpecBody),
         summary="Declare a model (a JSON spec); the same spec again records nothing",
         description="An invalid spec is answered 422 with every field and reason; "
         "nothing is recorded then.",
@@ -204,6 +206,7 @@ class ModelController(GuardedController):
     @post(
         "/{name:str}/preview",
         status_code=200,
+        dependencies=body_read_by_hand(ModelSpecBody),
         summary="What declaring a spec would do (a dry run); nothing is recorded",
         description="The same validation as PUT (422 with every field and reason), then "
         "whether the spec is new, unchanged, a change that takes effect at once, or a new "

@@ -9,15 +9,21 @@ from its handler:
   required, whatever the handler's ``data`` defaults to, so the schema said a drain, an
   uncordon or a model's removal needed a body that none of them does
   (``app.admin.bodies``): a client made from the schema would refuse to send them without
-  one. A body without a default stays required.
+  one. A body without a default stays required;
+- the body of a handler that reads it by hand (a model spec, ``app.admin.models``), which
+  Litestar cannot see: without ``body_read_by_hand`` the schema offered those requests no
+  body at all, and a client made from it could not send a spec.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cache
+from typing import Any
 
+import msgspec
 from litestar import Litestar
+from litestar.di import Provide
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.spec import Operation, RequestBody
 from litestar.routes import HTTPRoute
@@ -26,6 +32,23 @@ from app.admin.idempotency_header import CALLER_PARAMETER, CHANGING_METHODS, SCH
 
 BODY_PARAMETER = "data"
 """The handler parameter Litestar reads the request body into."""
+HAND_READ_BODY = "body_read_by_hand"
+"""The dependency that declares the body of a handler that reads it by hand."""
+
+
+def body_read_by_hand(body: type[msgspec.Struct]) -> dict[str, Provide]:
+    """The ``dependencies`` of a handler that reads its body by hand into ``body``, so that
+    the schema declares it: its required JSON body, ``body``'s component.
+
+    Litestar documents the body that a handler's dependencies read as well as its own. This
+    one is never called, as no handler asks for it by name: the body is read as the handler
+    reads it, with its own errors, and by nothing else."""
+
+    async def declares_the_body(data: Any) -> None:
+        raise AssertionError("declares a body in the schema; never called")
+
+    declares_the_body.__annotations__["data"] = body
+    return {HAND_READ_BODY: Provide(declares_the_body)}
 
 
 @cache

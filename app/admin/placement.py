@@ -10,8 +10,10 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 
 from app.admin.guarded import GuardedController
+from app.admin.model_schemas import ModelSpecBody
 from app.admin.models import spec_from_body
 from app.admin.node_schemas import PlacementView
+from app.admin.operation_schema import body_read_by_hand
 from app.admin.schemas import as_view
 from app.domain.placement import Explanation
 from app.services.operations import Operations
@@ -31,7 +33,12 @@ class PlacementController(GuardedController):
     ) -> PlacementView:
         return placement_view(await operations.placement(name))
 
-    @post("/placement", status_code=200, summary="Explain where a spec would go (a dry run)")
+    @post(
+        "/placement",
+        status_code=200,
+        dependencies=body_read_by_hand(ModelSpecBody),
+        summary="Explain where a spec would go (a dry run)",
+    )
     async def dry_run(
         self, request: Request[Any, Any, Any], operations: NamedDependency[Operations]
     ) -> PlacementView:

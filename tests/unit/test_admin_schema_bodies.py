@@ -1,0 +1,186 @@
+"""The admin API's OpenAPI schema says of every request body what its handler reads: a
+client generated from the schema sends each request a body of the type the handler decodes,
+required where the handler cannot do without one, and no body where it reads none.
+
+The check walks the app's own routes, as ``create_admin_app`` builds them, and the schema it
+generates (no database is reached: nothing is served). A handler reads its body either
+through Litestar (its ``data`` parameter) or by hand (``await request.body()``, for errors
+that name each field of a model spec). One that reads it by hand must declare what it
+decodes (``app.admin.operation_schema.body_read_by_hand``): Litestar cannot see it, and the
+schema would offer no body at all, so that a generated client could not send the one thing
+the request exists for."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Union, get_args, get_origin
+
+import msgspec
+import pytest
+from litestar import Litestar
+from litestar.handlers import HTTPRouteHandler
+from litestar.routes import HTTPRoute
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from app.admin.app import create_admin_app
+from app.admin.auth import TokenAuthenticator
+from app.admin.model_schemas import ModelSpecBody
+from app.store.postgres import PostgresEventStore
+
+HAND_READ = re.compile(r"\brequest\.(?:body|json|form|msgpack|stream)\(")
+"""How a handler reads its request's body itself rather than through ``data``."""
+HAND_READ_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
+    ("PUT", "/admin/v1/models/{name}"): ModelSpecBody,
+    ("POST", "/admin/v1/models/{name}/preview"): ModelSpecBody,
+    ("POST", "/admin/v1/placement"): ModelSpecBody,
+}
+"""The requests whose handler reads its body by hand, and what it decodes it into
+(``app.admin.models.spec_from_body``: a model spec)."""
+REFERENCE = "#/components/schemas/"
+
+
+@dataclass(frozen=True)
+class Body:
+    """A request body: the struct it decodes into, and whether a request needs one."""
+
+    struct: type[msgspec.Struct]
+    required: bool
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    path: str
+    handler: HTTPRouteHandler
+    schema: dict[str, Any]
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path}"
+
+
+def admin_app() -> Litestar:
+    engine = create_async_engine("postgresql+asyncpg://nobody@127.0.0.1:9/none")
+    return create_admin_app(PostgresEventStore(engine), TokenAuthenticator({}))
+
+
+def operations(app: Litestar) -> Iterator[Operation]:
+    """Every operation the schema describes, with the handler that serves it."""
+    paths = app.openapi_schema.to_schema()["paths"]
+    for route in app.routes:
+        if not isinstance(route, HTTPRoute):
+            continue
+        for handler in route.route_handlers:
+            if not handler.resolve_include_in_schema():
+                continue
+            for method in sorted(handler.http_methods):
+                described = paths[route.path_format][method.lower()]
+                yield Operation(method, route.path_format, handler, described)
+
+
+def struct_of(annotation: Any) -> tuple[type[msgspec.Struct], bool]:
+    """The struct ``annotation`` names, and whether it also admits null."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        members = [a for a in get_args(annotation) if a is not type(None)]
+        assert len(members) == 1, annotation
+        return members[0], True
+    return annotation, False
+
+
+def reads_by_hand(handler: HTTPRouteHandler) -> bool:
+    return HAND_READ.search(inspect.getsource(handler.fn)) is not None
+
+
+def body_read(operation: Operation) -> Body | None:
+    """The body ``operation``'s handler really reads, found from the handler itself."""
+    data = operation.handler.parsed_fn_signature.parameters.get("data")
+    if data is not None:
+        struct, _ = struct_of(data.annotation)
+        return Body(struct, required=not data.has_default)
+    if reads_by_hand(operation.handler):
+        decoded = HAND_READ_BODIES.get((operation.method, operation.path))
+        assert decoded is not None, f"{operation} reads its body by hand: into what?"
+        return Body(decoded, required=True)
+    return None
+
+
+def body_declared(
+    operation: Operation, components: dict[str, Any]
+) -> tuple[str, dict[str, Any], bool] | None:
+    """The component the schema names as ``operation``'s JSON body, its schema, and whether
+    the body is required."""
+    request_body = operation.schema.get("requestBody")
+    if request_body is None:
+        return None
+    assert set(request_body["content"]) == {"application/json"}, operation
+    shape = request_body["content"]["application/json"]["schema"]
+    reference = shape.get("$ref") or next(s["$ref"] for s in shape["oneOf"] if "$ref" in s)
+    name = reference.removeprefix(REFERENCE)
+    return name, components[name], bool(request_body.get("required"))
+
+
+def wire_fields(struct: type[msgspec.Struct]) -> tuple[set[str], set[str]]:
+    """Every field ``struct`` decodes, and those a body must hold."""
+    fields = msgspec.structs.fields(struct)
+    required = {f.encode_name for f in fields if f.required}
+    return {f.encode_name for f in fields}, required
+
+
+def test_every_body_a_handler_reads_is_declared_as_what_it_decodes() -> None:
+    app = admin_app()
+    components = app.openapi_schema.to_schema()["components"]["schemas"]
+
+    wrong: list[str] = []
+    for operation in operations(app):
+        read = body_read(operation)
+        declared = body_declared(operation, components)
+        if read is None and declared is None:
+            continue
+        if read is None:
+            wrong.append(f"{operation} declares a body {declared and declared[0]} it never reads")
+            continue
+        if declared is None:
+            wrong.append(f"{operation} reads a {read.struct.__name__} the schema does not declare")
+            continue
+        name, component, required = declared
+        fields, needed = wire_fields(read.struct)
+        said = (name, set(component.get("properties", {})), set(component.get("required", [])))
+        if said != (read.struct.__name__, fields, needed):
+            wrong.append(f"{operation} reads a {read.struct.__name__}, declares {said}")
+        if required != read.required:
+            wrong.append(f"{operation} body required: reads {read.required}, says {required}")
+
+    assert wrong == []
+
+
+@pytest.mark.parametrize(("method", "path"), sorted(HAND_READ_BODIES))
+def test_a_model_spec_is_the_required_body_of_each_request_that_reads_one(
+    method: str, path: str
+) -> None:
+    schema = admin_app().openapi_schema.to_schema()
+
+    request_body = schema["paths"][path][method.lower()]["requestBody"]
+
+    assert request_body["required"] is True
+    assert request_body["content"] == {
+        "application/json": {"schema": {"$ref": f"{REFERENCE}ModelSpecBody"}}
+    }
+    spec = schema["components"]["schemas"]["ModelSpecBody"]
+    assert spec["required"] == ["command"]
+    assert set(spec["properties"]) == wire_fields(ModelSpecBody)[0]
+    routing = spec["properties"]["routing"]["oneOf"][0]["$ref"].removeprefix(REFERENCE)
+    policy = schema["components"]["schemas"][routing]["properties"]["policy"]
+    assert set(policy["enum"]) == {"least_loaded", "prefix", "session", None}
+
+
+def test_the_check_finds_every_handler_that_reads_its_body_by_hand() -> None:
+    by_hand = {
+        (operation.method, operation.path)
+        for operation in operations(admin_app())
+        if reads_by_hand(operation.handler)
+    }
+
+    assert by_hand == set(HAND_READ_BODIES)
