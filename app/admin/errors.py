@@ -78,9 +78,34 @@ PROBLEM_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
 )
 
 
-_PROBLEM_MEDIA_TYPE = "application/problem+json"
+PROBLEM_MEDIA_TYPE = "application/problem+json"
 _LITESTAR_VALIDATION = "Validation failed for "
 """How Litestar begins the detail of a path or query parameter it could not convert."""
+
+
+class FieldProblem(msgspec.Struct, frozen=True, kw_only=True):
+    """One thing wrong with a request, in a 400's ``errors``."""
+
+    message: str
+    key: str | msgspec.UnsetType = msgspec.UNSET
+    """The field or parameter to blame (``replicas``, ``routing.weight``, ``limit``);
+    ``(body)`` where no one field is."""
+    source: str | msgspec.UnsetType = msgspec.UNSET
+    """Where it was sent: ``body``, ``query``, ``path`` or ``header``."""
+
+
+class ValidationProblem(msgspec.Struct, frozen=True, kw_only=True):
+    """A 400 as ``problem`` writes it, for the OpenAPI schema to say
+    (``app.admin.operation_schema``): a request of the wrong shape."""
+
+    type: str
+    title: str
+    """What kind of 400: ``validation`` for a body, a parameter or a header of the wrong
+    shape; docs/admin-api.md lists the others."""
+    status: int
+    detail: str
+    errors: list[FieldProblem] | msgspec.UnsetType = msgspec.UNSET
+    """Each field to blame, where one is."""
 
 
 def _problem_document(status: int, kind: str, detail: str, **extra: Any) -> dict[str, Any]:
@@ -104,7 +129,7 @@ def problem(
     return Response(
         _problem_document(status, kind, detail, **extra),
         status_code=status,
-        media_type=_PROBLEM_MEDIA_TYPE,
+        media_type=PROBLEM_MEDIA_TYPE,
         headers=headers,
     )
 
@@ -114,7 +139,7 @@ def problem_body(status: int, detail: str) -> tuple[bytes, bytes]:
     off at the listener): its content type and body."""
     kind = HTTPStatus(status).phrase.lower().replace(" ", "-")
     document = _problem_document(status, kind, detail)
-    return _PROBLEM_MEDIA_TYPE.encode(), msgspec.json.encode(document)
+    return PROBLEM_MEDIA_TYPE.encode(), msgspec.json.encode(document)
 
 
 def handle_http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[dict[str, Any]]:

@@ -12,7 +12,11 @@ from its handler:
   one. A body without a default stays required;
 - the body of a handler that reads it by hand (a model spec, ``app.admin.models``), which
   Litestar cannot see: without ``body_read_by_hand`` the schema offered those requests no
-  body at all, and a client made from it could not send a spec.
+  body at all, and a client made from it could not send a spec;
+- a 400, on every operation, as the problem document the API writes
+  (``app.admin.errors.ValidationProblem``). Litestar described its own, which the API never
+  sends (``status_code``, ``extra``, as ``application/json``), and only where the handler
+  takes a parameter; any request is a 400 with a query parameter it does not take.
 """
 
 from __future__ import annotations
@@ -25,15 +29,24 @@ import msgspec
 from litestar import Litestar
 from litestar.di import Provide
 from litestar.handlers import HTTPRouteHandler
+from litestar.openapi import ResponseSpec
 from litestar.openapi.spec import Operation, RequestBody
 from litestar.routes import HTTPRoute
 
+from app.admin.errors import PROBLEM_MEDIA_TYPE, ValidationProblem
 from app.admin.idempotency_header import CALLER_PARAMETER, CHANGING_METHODS, SCHEMA_PARAMETER
 
 BODY_PARAMETER = "data"
 """The handler parameter Litestar reads the request body into."""
 HAND_READ_BODY = "body_read_by_hand"
 """The dependency that declares the body of a handler that reads it by hand."""
+VALIDATION_RESPONSE = ResponseSpec(
+    data_container=ValidationProblem,
+    media_type=PROBLEM_MEDIA_TYPE,
+    description="The request has the wrong shape: a body, a parameter or a header, each "
+    "field to blame in errors (docs/admin-api.md, Errors)",
+    generate_examples=False,
+)
 
 
 def body_read_by_hand(body: type[msgspec.Struct]) -> dict[str, Provide]:
@@ -85,6 +98,7 @@ def declare_in_schema(app: Litestar) -> None:
         if not isinstance(route, HTTPRoute):
             continue
         for handler in route.route_handlers:
+            handler.responses = {**(handler.responses or {}), 400: VALIDATION_RESPONSE}
             key, optional = reads_idempotency_key(handler), body_optional(handler)
             if key or optional:
                 handler.operation_class = operation_class(

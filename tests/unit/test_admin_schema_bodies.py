@@ -15,21 +15,15 @@ from __future__ import annotations
 import inspect
 import re
 import types
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Union, get_args, get_origin
 
 import msgspec
 import pytest
-from litestar import Litestar
 from litestar.handlers import HTTPRouteHandler
-from litestar.routes import HTTPRoute
-from sqlalchemy.ext.asyncio import create_async_engine
 
-from app.admin.app import create_admin_app
-from app.admin.auth import TokenAuthenticator
 from app.admin.model_schemas import ModelSpecBody
-from app.store.postgres import PostgresEventStore
+from tests.support.admin_routes import REFERENCE, Operation, admin_app, component, operations
 
 HAND_READ = re.compile(r"\brequest\.(?:body|json|form|msgpack|stream)\(")
 """How a handler reads its request's body itself rather than through ``data``."""
@@ -40,7 +34,6 @@ HAND_READ_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
 }
 """The requests whose handler reads its body by hand, and what it decodes it into
 (``app.admin.models.spec_from_body``: a model spec)."""
-REFERENCE = "#/components/schemas/"
 
 
 @dataclass(frozen=True)
@@ -49,36 +42,6 @@ class Body:
 
     struct: type[msgspec.Struct]
     required: bool
-
-
-@dataclass(frozen=True)
-class Operation:
-    method: str
-    path: str
-    handler: HTTPRouteHandler
-    schema: dict[str, Any]
-
-    def __str__(self) -> str:
-        return f"{self.method} {self.path}"
-
-
-def admin_app() -> Litestar:
-    engine = create_async_engine("postgresql+asyncpg://nobody@127.0.0.1:9/none")
-    return create_admin_app(PostgresEventStore(engine), TokenAuthenticator({}))
-
-
-def operations(app: Litestar) -> Iterator[Operation]:
-    """Every operation the schema describes, with the handler that serves it."""
-    paths = app.openapi_schema.to_schema()["paths"]
-    for route in app.routes:
-        if not isinstance(route, HTTPRoute):
-            continue
-        for handler in route.route_handlers:
-            if not handler.resolve_include_in_schema():
-                continue
-            for method in sorted(handler.http_methods):
-                described = paths[route.path_format][method.lower()]
-                yield Operation(method, route.path_format, handler, described)
 
 
 def struct_of(annotation: Any) -> tuple[type[msgspec.Struct], bool]:
@@ -108,7 +71,7 @@ def body_read(operation: Operation) -> Body | None:
 
 
 def body_declared(
-    operation: Operation, components: dict[str, Any]
+    operation: Operation, schema: dict[str, Any]
 ) -> tuple[str, dict[str, Any], bool] | None:
     """The component the schema names as ``operation``'s JSON body, its schema, and whether
     the body is required."""
@@ -116,10 +79,8 @@ def body_declared(
     if request_body is None:
         return None
     assert set(request_body["content"]) == {"application/json"}, operation
-    shape = request_body["content"]["application/json"]["schema"]
-    reference = shape.get("$ref") or next(s["$ref"] for s in shape["oneOf"] if "$ref" in s)
-    name = reference.removeprefix(REFERENCE)
-    return name, components[name], bool(request_body.get("required"))
+    name, shape = component(schema, request_body["content"]["application/json"]["schema"])
+    return name, shape, bool(request_body.get("required"))
 
 
 def wire_fields(struct: type[msgspec.Struct]) -> tuple[set[str], set[str]]:
@@ -131,12 +92,12 @@ def wire_fields(struct: type[msgspec.Struct]) -> tuple[set[str], set[str]]:
 
 def test_every_body_a_handler_reads_is_declared_as_what_it_decodes() -> None:
     app = admin_app()
-    components = app.openapi_schema.to_schema()["components"]["schemas"]
+    schema = app.openapi_schema.to_schema()
 
     wrong: list[str] = []
     for operation in operations(app):
         read = body_read(operation)
-        declared = body_declared(operation, components)
+        declared = body_declared(operation, schema)
         if read is None and declared is None:
             continue
         if read is None:
@@ -145,9 +106,9 @@ def test_every_body_a_handler_reads_is_declared_as_what_it_decodes() -> None:
         if declared is None:
             wrong.append(f"{operation} reads a {read.struct.__name__} the schema does not declare")
             continue
-        name, component, required = declared
+        name, shape, required = declared
         fields, needed = wire_fields(read.struct)
-        said = (name, set(component.get("properties", {})), set(component.get("required", [])))
+        said = (name, set(shape.get("properties", {})), set(shape.get("required", [])))
         if said != (read.struct.__name__, fields, needed):
             wrong.append(f"{operation} reads a {read.struct.__name__}, declares {said}")
         if required != read.required:
@@ -171,8 +132,8 @@ def test_a_model_spec_is_the_required_body_of_each_request_that_reads_one(
     spec = schema["components"]["schemas"]["ModelSpecBody"]
     assert spec["required"] == ["command"]
     assert set(spec["properties"]) == wire_fields(ModelSpecBody)[0]
-    routing = spec["properties"]["routing"]["oneOf"][0]["$ref"].removeprefix(REFERENCE)
-    policy = schema["components"]["schemas"][routing]["properties"]["policy"]
+    _, routing = component(schema, spec["properties"]["routing"])
+    policy = routing["properties"]["policy"]
     assert set(policy["enum"]) == {"least_loaded", "prefix", "session", None}
 
 
