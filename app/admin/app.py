@@ -14,6 +14,7 @@ from app.admin.auth import ACTOR_KEY, TokenAuthenticator
 from app.admin.autoscale import AutoscaleController
 from app.admin.bodies import MAX_BODY_BYTES
 from app.admin.certificates import CertificateController
+from app.admin.closed_bodies import ClosedBodies
 from app.admin.drains import DrainController
 from app.admin.errors import EXCEPTION_HANDLERS
 from app.admin.events import EventsController
@@ -116,6 +117,7 @@ def create_admin_app(
         openapi_config=OpenAPIConfig(
             title="llmgw admin API", version="1", path=SCHEMA_PATH, render_plugins=schema_pages()
         ),
+        plugins=[ClosedBodies()],
         # Outermost first: a refused path is logged, with its request id, as any other.
         middleware=list(MIDDLEWARE),
         # The process's logging is app.logs's: Litestar's own would replace the root

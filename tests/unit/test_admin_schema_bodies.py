@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import re
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Union, get_args, get_origin
 
@@ -145,3 +146,46 @@ def test_the_check_finds_every_handler_that_reads_its_body_by_hand() -> None:
     }
 
     assert by_hand == set(HAND_READ_BODIES)
+
+
+def structs_within(struct: type[msgspec.Struct]) -> Iterator[type[msgspec.Struct]]:
+    """``struct`` and every struct that one of its fields holds, however deep."""
+    seen: set[type[msgspec.Struct]] = set()
+    pending: list[msgspec.inspect.Type] = [msgspec.inspect.type_info(struct)]
+    while pending:
+        info = pending.pop()
+        if isinstance(info, msgspec.inspect.StructType) and info.cls not in seen:
+            seen.add(info.cls)
+            pending.extend(field.type for field in info.fields)
+        elif isinstance(info, msgspec.inspect.UnionType):
+            pending.extend(info.types)
+        elif isinstance(info, msgspec.inspect.DictType):
+            pending.append(info.value_type)
+        elif isinstance(
+            info, (msgspec.inspect.ListType, msgspec.inspect.SetType, msgspec.inspect.VarTupleType)
+        ):
+            pending.append(info.item_type)
+    yield from sorted(seen, key=lambda cls: cls.__name__)
+
+
+def test_a_body_that_refuses_fields_it_does_not_have_is_declared_closed() -> None:
+    # Every body refuses a field it does not have (400, or 422 in a spec) rather than
+    # ignore it: a client made from a schema that allows more would send them.
+    app = admin_app()
+    schema = app.openapi_schema.to_schema()
+    structs = {
+        inner
+        for operation in operations(app)
+        if (read := body_read(operation)) is not None
+        for inner in structs_within(read.struct)
+    }
+
+    said = {
+        struct.__name__: schema["components"]["schemas"][struct.__name__].get(
+            "additionalProperties", True
+        )
+        for struct in structs
+    }
+
+    assert "CanaryStepBody" in said
+    assert said == {s.__name__: not s.__struct_config__.forbid_unknown_fields for s in structs}
