@@ -110,6 +110,10 @@ class ReplicaTrafficView(msgspec.Struct, frozen=True, kw_only=True):
     latency_p95_ms: float | None
     """Time to the last byte of 2xx answers, streamed or not, 95th percentile."""
     latency_samples: int
+    unlisted: int
+    """Of ``gateways``, those whose report, past the replicas a report lists, left out
+    replicas that may be these: the figures may lack requests those gateways sent them
+    (docs/gateway.md#what-the-gateway-measures). 0 for most."""
 
 
 class ReplicaView(ReplicaSummary, frozen=True, kw_only=True):
