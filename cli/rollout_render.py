@@ -10,7 +10,7 @@ from rich.text import Text
 
 from cli.render import styled, text, utc_seconds
 from cli.rollout_views import UNDER_WAY, CanaryTrafficView, RolloutRecordView, RolloutView
-from cli.traffic import revision_line, traffic_title
+from cli.traffic import revision_lines, traffic_title
 
 STATE_STYLES = {
     "running": "yellow",
@@ -222,7 +222,7 @@ def _traffic(view: RolloutView) -> list[Text]:
     title = traffic_title(next(iter(by_revision.values())))
     lines = [text(title.replace("traffic (", "traffic by revision (", 1) + ":", "bold")]
     for revision, figures in sorted(by_revision.items(), key=lambda i: -int(i[0])):
-        lines.append(text(f"  {revision_line(revision, figures)}"))
+        lines.extend(text(f"  {line}") for line in revision_lines(revision, figures))
     return lines
 
 

@@ -16,12 +16,27 @@ def traffic_title(traffic: ReplicaTrafficView) -> str:
     return f"traffic (last {traffic.window_s:g} s, {gateways})"
 
 
+def partial_text(traffic: ReplicaTrafficView, what: str) -> str | None:
+    """``1 gateway's report may have left it out``, where the figures may lack requests:
+    a report lists at most 2,000 replicas, the busiest (docs/gateway.md); None when every
+    gateway's report holds all of ``what``."""
+    if traffic.unlisted <= 0:
+        return None
+    reports = (
+        "1 gateway's report" if traffic.unlisted == 1 else f"{traffic.unlisted:,} gateways' reports"
+    )
+    return f"{reports} may have left {what} out"
+
+
 def traffic_facts(traffic: ReplicaTrafficView) -> list[tuple[str, str | None]]:
-    """``name: value`` lines, each well within 80 columns."""
+    """``name: value`` lines, each well within 80 columns; ``partial`` first, when some
+    gateway's report may have left the replica out."""
     failed = f"{traffic.errors:,}"
     if traffic.error_rate is not None:
         failed += f" ({percent(traffic.error_rate)})"
+    partial = partial_text(traffic, "it")
     return [
+        *([("partial", partial)] if partial else []),
         ("requests", f"{traffic.requests:,}"),
         ("failed", failed),
         ("cancelled", f"{traffic.cancelled:,} by their clients (not counted above)"),
@@ -49,7 +64,16 @@ def print_traffic_by_revision(by_revision: dict[str, ReplicaTrafficView], consol
     title = traffic_title(first).replace("traffic (", "traffic by revision (", 1)
     console.print(text(f"{title}:", "bold"))
     for revision, traffic in sorted(by_revision.items(), key=lambda item: -int(item[0])):
-        console.print(text(f"  {revision_line(revision, traffic)}"))
+        for line in revision_lines(revision, traffic):
+            console.print(text(f"  {line}"))
+
+
+def revision_lines(revision: str, traffic: ReplicaTrafficView) -> list[str]:
+    """``revision_line``, and under it, where some gateway's report may have left replicas
+    of the revision out, ``  partial: 1 gateway's report may have left replicas of it
+    out``: a revision's figures may then lack requests."""
+    partial = partial_text(traffic, "replicas of it")
+    return [revision_line(revision, traffic), *([f"  partial: {partial}"] if partial else [])]
 
 
 def revision_line(revision: str, traffic: ReplicaTrafficView) -> str:

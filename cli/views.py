@@ -287,6 +287,9 @@ class ReplicaTrafficView(View, frozen=True, kw_only=True):
     tpot_samples: int = 0
     latency_p95_ms: float | None = None
     latency_samples: int = 0
+    unlisted: int = 0
+    """Gateways whose report may have left these replicas out: the figures may lack
+    requests; none from older servers."""
 
 
 class ReplicaView(ReplicaSummary, frozen=True, kw_only=True):

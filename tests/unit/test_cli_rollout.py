@@ -13,7 +13,7 @@ from rich.console import Console
 from cli.rollout import undone_text
 from cli.rollout_render import render, summary_line
 from cli.rollout_views import CanaryTrafficView, RolloutStepView, RolloutView
-from cli.views import MoveView
+from cli.views import MoveView, ReplicaTrafficView
 
 HOLDING = RolloutView(
     model="llama",
@@ -223,3 +223,18 @@ def test_the_status_of_a_model_left_without_replicas_does_not_blame_the_gateways
     assert "traffic: none: the model has no active replica" in shown(ended)
     assert "no gateway reports" not in shown(ended)
     assert "traffic: no gateway reports in the last 5 s" in shown(silent)
+
+
+def test_the_status_says_which_revision_s_figures_a_crowded_report_may_lack() -> None:
+    figures = {
+        "3": ReplicaTrafficView(gateways=2, requests=4, error_rate=0.0, unlisted=1),
+        "2": ReplicaTrafficView(gateways=2, requests=900, error_rate=0.0),
+    }
+
+    lines = shown(replace(HOLDING, traffic_by_revision=figures)).splitlines()
+
+    at = lines.index("  rev 3: 4 requests, 0 % failed")
+    assert lines[at + 1 : at + 3] == [
+        "    partial: 1 gateway's report may have left replicas of it out",
+        "  rev 2: 900 requests, 0 % failed",
+    ]

@@ -1,4 +1,5 @@
-"""The traffic section of ``llmgw-cli replica``: what it says, within 80 columns."""
+"""The traffic sections of ``llmgw-cli replica`` and ``llmgw-cli model``: what they say,
+within 80 columns, and when their figures may be partial."""
 
 from __future__ import annotations
 
@@ -107,3 +108,34 @@ def test_one_request_is_said_in_the_singular() -> None:
     one = ReplicaTrafficView(window_s=60.0, gateways=1, requests=1, error_rate=0.0)
 
     assert revision_line("1", one) == "rev 1: 1 request, 0 % failed"
+
+
+def test_a_replica_a_crowded_report_may_have_left_out_says_its_figures_are_partial() -> None:
+    traffic = ReplicaTrafficView(window_s=60.0, gateways=3, requests=5, unlisted=1)
+
+    lines = rendered(traffic).splitlines()
+
+    assert lines[:3] == [
+        "traffic (last 60 s, 3 gateways):",
+        "  partial:     1 gateway's report may have left it out",
+        "  requests:    5",
+    ]
+    assert rendered(ReplicaTrafficView(window_s=60.0, gateways=3, unlisted=0)) == rendered(
+        ReplicaTrafficView(window_s=60.0, gateways=3)
+    )
+
+
+def test_a_revision_whose_replicas_reports_may_have_left_out_says_so_under_its_line() -> None:
+    canary = ReplicaTrafficView(window_s=60.0, gateways=12, requests=3, error_rate=0.0, unlisted=12)
+    stable = ReplicaTrafficView(window_s=60.0, gateways=12, requests=40, error_rate=0.0)
+    output = io.StringIO()
+    console = Console(file=output, width=80, highlight=False, color_system=None)
+
+    print_traffic_by_revision({"1": stable, "2": canary}, console)
+
+    assert output.getvalue().splitlines() == [
+        "traffic by revision (last 60 s, 12 gateways):",
+        "  rev 2: 3 requests, 0 % failed",
+        "    partial: 12 gateways' reports may have left replicas of it out",
+        "  rev 1: 40 requests, 0 % failed",
+    ]
