@@ -49,6 +49,7 @@ from app.listeners.heap import settle_heap
 from app.listeners.httpserver import HttpServer
 from app.listeners.lifespan import LifespanFailed
 from app.listeners.limits import ListenerLimits
+from app.listeners.refusals import ListenerRefusals
 from app.listeners.throttle import FailureBudget, FailureLimits
 from app.store.gateway_reports import TrafficReport
 
@@ -144,6 +145,7 @@ async def _serve_on(
     lifespan: bool,
     graceful_shutdown_s: float,
     what: str,
+    refusals: ListenerRefusals,
     reuse_port: bool = False,
 ) -> _Listening:
     """Serve ``app`` on ``host``:``port``; listening once this returns."""
@@ -157,6 +159,7 @@ async def _serve_on(
         app,
         limits=limits,
         refusal=listener_refusal,
+        refusals=refusals,
         idle_s=IDLE_KEEP_ALIVE_S,
         graceful_shutdown_s=graceful_shutdown_s,
         lifespan=lifespan,
@@ -238,6 +241,11 @@ class Gateway:
             self.router.replica_views, self.router.queued, self.router.cold_start_holds
         )
         self.metrics.watch_routes(self.router.route_decisions)
+        self.client_refusals = ListenerRefusals("gateway")
+        self.metrics_refusals = ListenerRefusals("gateway's metrics listener")
+        self.metrics.watch_listener_refusals(
+            {"client": self.client_refusals, "metrics": self.metrics_refusals}
+        )
         self.egress = EngineEgress(engine_networks, self.metrics)
         self.traffic = TrafficWindow()
         self.app = GatewayApp(
@@ -300,6 +308,7 @@ class Gateway:
             lifespan=True,
             graceful_shutdown_s=self._graceful_shutdown_s,
             what="gateway",
+            refusals=self.client_refusals,
             reuse_port=self._reuse_port,
         )
         self.port = self._clients.port
@@ -314,6 +323,7 @@ class Gateway:
                     lifespan=False,
                     graceful_shutdown_s=1,
                     what="gateway's metrics listener",
+                    refusals=self.metrics_refusals,
                 )
             except BaseException:
                 await self.stop()

@@ -128,12 +128,21 @@ def chunk(body: bytes, *, last: bool) -> bytes:
     return framed + LAST_CHUNK if last else framed
 
 
-def closing_answer(status: int, content_type: bytes, body: bytes) -> bytes:
-    """A whole answer after which the connection closes (a refusal, a 400, a 500)."""
-    return b"%scontent-type: %s\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (
+def closing_answer(
+    status: int, content_type: bytes, body: bytes, retry_after_s: float | None = None
+) -> bytes:
+    """A whole answer after which the connection closes (a refusal, a 400, a 500);
+    ``retry_after_s``: when the client may try again (``Retry-After``)."""
+    retry_after = (
+        b""
+        if retry_after_s is None
+        else b"retry-after: %s\r\n" % (retry_after_header(retry_after_s))
+    )
+    return b"%scontent-type: %s\r\ncontent-length: %d\r\n%sconnection: close\r\n\r\n%s" % (
         status_line(status),
         content_type,
         len(body),
+        retry_after,
         body,
     )
 

@@ -44,7 +44,8 @@ The limits (``ListenerLimits``), as ``app.listeners.limits`` puts them on uvicor
 What comes after a request that ends the connection (``Connection: close``, HTTP/1.0) is
 dropped unread, and a chunked body's trailer is not added to the request's headers.
 
-Each of those answers is the listener's ``refusal`` and closes the connection, after
+Each of those answers is counted and logged by reason (``app.listeners.refusals``; the 503
+also says ``Retry-After``), is the listener's ``refusal`` and closes the connection, after
 reading (and dropping) what the client still sends for ``LINGER_S``: a socket closed with
 unread bytes resets the connection, and the client may lose the answer. An app's answer
 that closes the connection (``connection: close``) while its request's body still comes
@@ -77,6 +78,7 @@ from app.listeners.limits import (
     head_over,
     plain_text,
 )
+from app.listeners.refusals import RETRY_AFTER_S, ListenerRefusals, RefusalReason
 
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 CANCELLED_ANSWERS_S = 1.0
@@ -95,12 +97,14 @@ class _Listener:
         app: App,
         limits: ListenerLimits,
         refusal: Refusal,
+        refusals: ListenerRefusals,
         idle_s: float,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.app = app
         self.limits = limits
         self.refusal = refusal
+        self.refusals = refusals
         self.loop = loop
         self.head: _Stage = (limits.header_timeout_s, "the request's headers")
         self.body: _Stage = (limits.body_timeout_s, "the request's body")
@@ -203,7 +207,12 @@ class HttpConnection(asyncio.Protocol):
         listener = self.listener
         listener.connections.add(self)
         if len(listener.connections) > listener.limits.max_connections:
-            self._refuse(503, "This server has as many connections as it takes; retry.")
+            self._refuse(
+                503,
+                "This server has as many connections as it takes; retry.",
+                RefusalReason.CONNECTIONS,
+                listener.limits.max_connections,
+            )
             return
         self._await(listener.head)
         listener.watch()
@@ -242,7 +251,9 @@ class HttpConnection(asyncio.Protocol):
             self._head_bytes += len(data)
             limit = self.listener.limits.max_header_bytes
             if self._head_bytes > limit:
-                self._refuse(431, f"Request headers over {limit} bytes.")
+                self._refuse(
+                    431, f"Request headers over {limit} bytes.", RefusalReason.HEADER_SIZE, limit
+                )
 
     def _unparsable(self, reason: str) -> None:
         """httptools refused what came: a 400 naming what it found wrong (a control byte in
@@ -250,7 +261,8 @@ class HttpConnection(asyncio.Protocol):
         unless it came after the connection's last request (httptools refuses any byte
         there), which is answered while nothing after it is read (RFC 9112, 9.6)."""
         if not self._read_last:
-            self._refuse(400, f"Invalid HTTP request received: {reason.rstrip('.')}.")
+            message = f"Invalid HTTP request received: {reason.rstrip('.')}."
+            self._refuse(400, message, RefusalReason.MALFORMED)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -301,9 +313,10 @@ class HttpConnection(asyncio.Protocol):
         if self._lingering:
             return  # a request parsed after a refusal, from the same read: never served
         self._reading_head = False
-        head_refusal = head_over(self._target, self._headers, self.listener.limits.max_header_bytes)
+        header_limit = self.listener.limits.max_header_bytes
+        head_refusal = head_over(self._target, self._headers, header_limit)
         if head_refusal is not None:
-            self._refuse_head(431, head_refusal)
+            self._refuse_head(431, head_refusal, RefusalReason.HEADER_SIZE, header_limit)
             return
         parser = self.parser
         version = parser.get_http_version()
@@ -311,12 +324,12 @@ class HttpConnection(asyncio.Protocol):
             version, hosts=self._hosts, transfer_encoding=self._transfer_encoding
         )
         if refusal is not None:
-            self._refuse_head(*refusal)
+            self._refuse_head(*refusal, RefusalReason.FRAMING)
             return
         limit = self.listener.limits.max_body_bytes
         length = self._content_length
         if limit is not None and length is not None and announces_more_than(length, limit):
-            self._refuse_head(413, body_over(limit))
+            self._refuse_head(413, body_over(limit), RefusalReason.BODY_SIZE, limit)
             return
         self._await(self.listener.body)
         path, raw_path, query = split_target(self._target)
@@ -425,7 +438,13 @@ class HttpConnection(asyncio.Protocol):
             self.due = math.inf
             self.transport.close()
             return
-        self._refuse(408, f"{what[0].upper()}{what[1:]} did not arrive within {seconds:g} s.")
+        reason = (
+            RefusalReason.HEADER_TIMEOUT
+            if self._stage is self.listener.head
+            else RefusalReason.BODY_TIMEOUT
+        )
+        message = f"{what[0].upper()}{what[1:]} did not arrive within {seconds:g} s."
+        self._refuse(408, message, reason, seconds)
 
     def stalled(self) -> None:
         """The client took in nothing of its answer for ``send_timeout_s``: the connection is
@@ -462,14 +481,17 @@ class HttpConnection(asyncio.Protocol):
         if drained is not None and not drained.done():
             drained.set_result(None)
 
-    def _refuse_head(self, status: int, message: str) -> None:
+    def _refuse_head(
+        self, status: int, message: str, reason: RefusalReason, limit: float | None = None
+    ) -> None:
         """Refuse the request whose head was just read (a head over its limit, or one that
         announces a body over its limit). No exchange is made for it, so the app never
         sees it."""
         current = self._current
         if current is None:
-            self._refuse(status, message)
+            self._refuse(status, message, reason, limit)
             return
+        self.listener.refusals.refused(reason, status, self._client, limit)
         # An earlier request, pipelined before this one, is still being answered: no refusal
         # may cut into its answer. The connection closes after it; this request, and any
         # waiting between them, go unanswered (a client retries an unanswered request).
@@ -480,10 +502,15 @@ class HttpConnection(asyncio.Protocol):
         self.due = math.inf
         self._lingering = True
 
-    def _refuse(self, status: int, message: str) -> None:
+    def _refuse(
+        self, status: int, message: str, reason: RefusalReason, limit: float | None = None
+    ) -> None:
+        """Answer ``status`` and close: the listener's own refusal, counted and logged
+        (``refusals``) under ``reason``, ``limit`` the one the client ran into."""
         self.due = math.inf
         if self.transport.is_closing() or self._lingering:
             return
+        self.listener.refusals.refused(reason, status, self._client, limit)
         current = self._current
         # The request the refusal would answer: the one being answered, or else the one
         # whose body is still coming in, answered already when it needed none of it (a
@@ -491,7 +518,9 @@ class HttpConnection(asyncio.Protocol):
         answering = current if current is not None else self._reading
         if answering is None or not answering.started:
             content_type, body = self.listener.refusal(status, message)
-            self.transport.write(closing_answer(status, content_type, body))
+            # At the connection limit, any request that ends frees a place: soon.
+            retry_after_s = RETRY_AFTER_S if reason is RefusalReason.CONNECTIONS else None
+            self.transport.write(closing_answer(status, content_type, body, retry_after_s))
         if current is not None:
             current.disconnect()
         self._drop_requests()
@@ -534,11 +563,14 @@ class HttpServer:
         idle_s: float,
         graceful_shutdown_s: float,
         refusal: Refusal = plain_text,
+        refusals: ListenerRefusals | None = None,
         lifespan: bool = True,
     ) -> None:
         self._app = app
         self._limits = limits
         self._refusal = refusal
+        self.refusals = refusals if refusals is not None else ListenerRefusals("listener")
+        """What it refused itself (``app.listeners.refusals``), for ``/metrics``."""
         self._idle_s = idle_s
         self._graceful_shutdown_s = graceful_shutdown_s
         self._lifespan = Lifespan(app) if lifespan else None
@@ -557,7 +589,7 @@ class HttpServer:
                 sock.close()
                 raise
         listener = self._listener = _Listener(
-            self._app, self._limits, self._refusal, self._idle_s, loop
+            self._app, self._limits, self._refusal, self.refusals, self._idle_s, loop
         )
         self._server = await loop.create_server(
             lambda: HttpConnection(listener), sock=sock, backlog=2048

@@ -1,0 +1,130 @@
+"""What a listener refuses by itself, before any app sees a request: counted for
+``/metrics`` and logged, without letting a flood of refusals flood the log.
+
+Each refusal is one of a small fixed set of reasons (``RefusalReason``): the metric's
+``reason`` label takes no other value, whoever connects, so a hostile client opening
+thousands of connections adds to a count, never a series. Counting is an integer add on
+the refusal's own path; an accepted connection costs nothing more.
+
+The log says each reason at most once a ``LOG_INTERVAL_S``, with how many refusals of that
+reason went unlogged since its last line (``refused_unlogged``): the first refusal after a
+quiet minute is logged at once, the rest of a burst is in the count and in the next line.
+The connection limit is the operator's to raise (a warning); the others are clients' own
+doing (slow, oversized or malformed requests) and are logged at info.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from enum import StrEnum
+
+import structlog
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+LOG_INTERVAL_S = 60.0
+RETRY_AFTER_S = 1.0
+"""``Retry-After`` of the 503 at the connection limit: a connection frees up as soon as
+any request ends, as with the gateway's other 503s."""
+REFUSED_EVENT = "listener_refused"
+log = structlog.get_logger(__name__)
+
+
+class RefusalReason(StrEnum):
+    CONNECTIONS = "connections"
+    """503: the listener holds ``max_connections`` connections already."""
+    HEADER_TIMEOUT = "header_timeout"
+    """408: the head did not arrive within ``header_timeout_s``."""
+    BODY_TIMEOUT = "body_timeout"
+    """408: the body did not arrive within ``body_timeout_s``."""
+    HEADER_SIZE = "header_size"
+    """431: a head over ``max_header_bytes``."""
+    BODY_SIZE = "body_size"
+    """413: a body announced over ``max_body_bytes``."""
+    MALFORMED = "malformed"
+    """400: a request HTTP cannot parse."""
+    FRAMING = "framing"
+    """400 or 505: a head a proxy in front could frame otherwise (``http11.framing_refusal``)."""
+
+
+class _Reason:
+    __slots__ = ("logged_at", "total", "unlogged")
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.unlogged = 0
+        self.logged_at = -math.inf
+
+
+class ListenerRefusals:
+    """The refusals of one listener (``name``, as its log lines call it) since it was made.
+    ``clock``: monotonic seconds."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        interval_s: float = LOG_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self._interval_s = interval_s
+        self._clock = clock
+        self._reasons = {reason: _Reason() for reason in RefusalReason}
+
+    def totals(self) -> dict[RefusalReason, int]:
+        """Refusals by reason, every reason present."""
+        return {reason: counts.total for reason, counts in self._reasons.items()}
+
+    def refused(
+        self,
+        reason: RefusalReason,
+        status: int,
+        client: tuple[str, int] | None,
+        limit: float | None = None,
+    ) -> None:
+        """Count a refusal, and log it unless its reason was logged within the interval.
+        ``limit``: the listener's limit the client ran into (seconds, bytes, connections),
+        where one did."""
+        counts = self._reasons[reason]
+        counts.total += 1
+        now = self._clock()
+        if now - counts.logged_at < self._interval_s:
+            counts.unlogged += 1
+            return
+        unlogged, counts.unlogged, counts.logged_at = counts.unlogged, 0, now
+        say = log.warning if reason is RefusalReason.CONNECTIONS else log.info
+        say(
+            REFUSED_EVENT,
+            listener=self.name,
+            reason=reason.value,
+            status=status,
+            client=client[0] if client else None,
+            limit=limit,
+            refused_unlogged=unlogged,
+        )
+
+
+class RefusalCollector(Collector):
+    """``metric`` (a counter's name, without ``_total``) of each of ``listeners``'
+    refusals, by ``listener`` (the key it is given here) and reason, read at each scrape."""
+
+    def __init__(self, metric: str, listeners: dict[str, ListenerRefusals]) -> None:
+        self._metric = metric
+        self._listeners = listeners
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            self._metric,
+            "Connections and requests the listener refused itself, before any request "
+            "reached the app, by listener and reason: connections (503 at max connections), "
+            "header_timeout and body_timeout (408), header_size (431), body_size (413), "
+            "malformed (400), framing (400 or 505).",
+            labels=["listener", "reason"],
+        )
+        for listener, refusals in self._listeners.items():
+            for reason, total in refusals.totals().items():
+                family.add_metric([listener, reason.value], total)
+        yield family

@@ -1,0 +1,159 @@
+"""What a listener refuses by itself is seen by its operator, over real sockets.
+
+Given a gateway whose client listener holds as many connections as it may, each connection
+more is answered 503 with ``Retry-After``, counted on ``/metrics`` under
+``reason="connections"``, and logged once as a warning however many come. Every other
+refusal the listener answers before the app sees a request (a late head, an oversized
+one, one HTTP cannot parse, one a proxy could frame otherwise, a body announced over the
+limit) is counted under a reason of its own and logged at info.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from structlog.testing import capture_logs
+
+from app.gateway.server import StaticSource
+from app.listeners.limits import ListenerLimits
+from tests.integration.test_listener_limits import HEAD, status_of
+from tests.support.gateway import GatewayThread, new_key, snapshot_of
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+REFUSED_EVENT = "listener_refused"
+REASONS = {
+    "connections",
+    "header_timeout",
+    "body_timeout",
+    "header_size",
+    "body_size",
+    "malformed",
+    "framing",
+}
+"""The metric's ``reason`` label takes these values and no other (docs/operations.md)."""
+CAP = 4
+CAPPED = ListenerLimits(header_timeout_s=30.0, body_timeout_s=30.0, max_connections=CAP)
+QUICK = ListenerLimits(header_timeout_s=1.0, body_timeout_s=30.0, max_connections=64)
+
+
+@pytest.fixture
+def capped() -> Iterator[GatewayThread]:
+    _, record = new_key()
+    source = StaticSource(snapshot_of([], [record]))
+    with GatewayThread(source, limits=CAPPED, metrics_port=0) as gateway:
+        yield gateway
+
+
+def refusals_of(gateway: GatewayThread, listener: str = "client") -> dict[str, float]:
+    """``llmgw_gateway_listener_refusals_total`` of ``listener``, by reason, from
+    ``/metrics``."""
+    page = httpx.get(gateway.metrics_url, timeout=10).text
+    series = f'llmgw_gateway_listener_refusals_total{{listener="{listener}",reason="'
+    pattern = "^" + re.escape(series) + r'([a-z_]+)"\} (\S+)$'
+    return {reason: float(value) for reason, value in re.findall(pattern, page, re.MULTILINE)}
+
+
+async def answer_to(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+
+
+async def test_a_gateway_at_its_connection_limit_says_so_to_client_metrics_and_log(
+    capped: GatewayThread,
+) -> None:
+    port = capped.gateway.port
+    held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(CAP)]
+    try:
+        with capture_logs() as logs:
+            answers = [await answer_to(port, HEAD) for _ in range(3)]
+    finally:
+        for _, writer in held:
+            writer.close()
+
+    for answer in answers:
+        assert status_of(answer) == 503
+        assert b"\r\nretry-after: 1\r\n" in answer.lower()
+    counted = refusals_of(capped)
+    assert counted["connections"] == 3
+    assert set(counted) == REASONS
+    [line] = [entry for entry in logs if entry["event"] == REFUSED_EVENT]
+    assert line["log_level"] == "warning"
+    assert line["listener"] == "gateway"
+    assert line["reason"] == "connections"
+    assert line["status"] == 503
+    assert line["limit"] == CAP
+    assert line["client"] == "127.0.0.1"
+    assert line["refused_unlogged"] == 0
+
+
+async def test_a_hostile_crowd_at_the_limit_adds_to_a_count_not_to_the_log_or_the_series(
+    capped: GatewayThread,
+) -> None:
+    port = capped.gateway.port
+    held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(CAP)]
+    try:
+        with capture_logs() as logs:
+            answers = await asyncio.gather(*(answer_to(port, HEAD) for _ in range(200)))
+    finally:
+        for _, writer in held:
+            writer.close()
+
+    assert {status_of(answer) for answer in answers} == {503}
+    assert refusals_of(capped)["connections"] == 200
+    assert len(refusals_of(capped)) == len(REASONS)
+    assert len([entry for entry in logs if entry["event"] == REFUSED_EVENT]) == 1
+
+
+def head(*lines: str) -> bytes:
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+REFUSED = {
+    "header_size": (431, b"GET /healthz HTTP/1.1\r\nHost: llmgw\r\nX-Padding: " + b"a" * 100_000),
+    "malformed": (400, b"GET /healthz HTTP/1.1\r\nHost: llm\x01gw\r\n\r\n"),
+    "framing": (400, head("GET /healthz HTTP/1.1", "Host: a", "Host: b")),
+    "body_size": (
+        413,
+        head("POST /v1/completions HTTP/1.1", "Host: llmgw", "Content-Length: 999999999999"),
+    ),
+    "header_timeout": (408, b"GET /healthz HTTP/1.1\r\nHost: llmgw\r\n"),
+}
+
+
+async def test_every_refusal_before_the_app_is_counted_and_logged_by_its_reason() -> None:
+    _, record = new_key()
+    source = StaticSource(snapshot_of([], [record]))
+    with GatewayThread(source, limits=QUICK, metrics_port=0) as gateway:
+        with capture_logs() as logs:
+            for reason, (status, request) in REFUSED.items():
+                answer = await answer_to(gateway.gateway.port, request)
+                assert status_of(answer) == status, reason
+                assert b"retry-after" not in answer.lower()
+
+            async def all_logged() -> bool:
+                return len([e for e in logs if e["event"] == REFUSED_EVENT]) == len(REFUSED)
+
+            await wait_until(all_logged, what="a line for each refusal")
+        counted = refusals_of(gateway)
+
+    assert {reason: counted[reason] for reason in REFUSED} == dict.fromkeys(REFUSED, 1.0)
+    assert counted["connections"] == counted["body_timeout"] == 0
+    lines = {entry["reason"]: entry for entry in logs if entry["event"] == REFUSED_EVENT}
+    assert set(lines) == set(REFUSED)
+    assert {entry["log_level"] for entry in lines.values()} == {"info"}
+    assert {reason: entry["status"] for reason, entry in lines.items()} == {
+        reason: status for reason, (status, _) in REFUSED.items()
+    }
+    assert lines["header_timeout"]["limit"] == 1.0
+    assert lines["body_size"]["limit"] == gateway.gateway.limits.max_body_bytes

@@ -1,0 +1,55 @@
+"""A listener's refusals are counted by reason, and each reason is logged at most once an
+interval, the line saying how many went unlogged since the one before."""
+
+from __future__ import annotations
+
+from structlog.testing import capture_logs
+
+from app.listeners.refusals import REFUSED_EVENT, ListenerRefusals, RefusalReason
+
+CLIENT = ("192.0.2.7", 40000)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_burst_is_one_line_and_the_next_line_says_how_many_went_unlogged() -> None:
+    clock = Clock()
+    refusals = ListenerRefusals("gateway", interval_s=60.0, clock=clock)
+
+    with capture_logs() as logs:
+        for _ in range(5):
+            refusals.refused(RefusalReason.CONNECTIONS, 503, CLIENT, 4)
+        clock.now += 59.0
+        refusals.refused(RefusalReason.CONNECTIONS, 503, CLIENT, 4)
+        clock.now += 1.0
+        refusals.refused(RefusalReason.CONNECTIONS, 503, None, 4)
+
+    lines = [entry for entry in logs if entry["event"] == REFUSED_EVENT]
+    assert [entry["refused_unlogged"] for entry in lines] == [0, 5]
+    assert [entry["client"] for entry in lines] == ["192.0.2.7", None]
+    assert refusals.totals()[RefusalReason.CONNECTIONS] == 7
+
+
+def test_each_reason_is_throttled_on_its_own_and_every_reason_is_counted_from_zero() -> None:
+    refusals = ListenerRefusals("admin API", clock=Clock())
+
+    with capture_logs() as logs:
+        refusals.refused(RefusalReason.CONNECTIONS, 503, CLIENT, 4)
+        refusals.refused(RefusalReason.MALFORMED, 400, CLIENT)
+        refusals.refused(RefusalReason.MALFORMED, 400, CLIENT)
+
+    assert [(entry["reason"], entry["log_level"]) for entry in logs] == [
+        ("connections", "warning"),
+        ("malformed", "info"),
+    ]
+    assert logs[1]["limit"] is None
+    totals = refusals.totals()
+    assert set(totals) == set(RefusalReason)
+    assert totals[RefusalReason.MALFORMED] == 2
+    assert totals[RefusalReason.HEADER_TIMEOUT] == 0
