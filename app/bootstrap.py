@@ -55,6 +55,7 @@ from app.hub.hub import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_
 from app.hub.reconnects import ConnectLimits
 from app.listeners.binding import bound_listener
 from app.listeners.limits import ListenerLimits
+from app.listeners.refusals import ListenerRefusals
 from app.listeners.throttle import FailureBudget
 from app.pki import CertificateFileError, TlsConfigurationError, server_ssl_context
 from app.pki.ends import CertificateEnd, CertificateRole, ending_soon, read_ends, unique_ends
@@ -347,6 +348,7 @@ class Server:
                 election=self.election(),
             )
             gateway = PostgresGateway(self.database_url, self.gateway) if self.gateway else None
+            admin_refusals = ListenerRefusals("admin API")
             admin = _AdminServer(
                 uvicorn.Config(
                     create_admin_app(
@@ -359,6 +361,7 @@ class Server:
                         # it here, with the cluster's, and its client listener has none.
                         gateway_metrics=gateway.gateway.metrics.render if gateway else None,
                         certificates=self.certificate_ends,
+                        listener_refusals=admin_refusals,
                     ),
                     host=self.admin_host,
                     port=self.admin_port,
@@ -366,7 +369,7 @@ class Server:
                     access_log=False,
                     # Followers of /admin/v1/events never finish their request by themselves.
                     timeout_graceful_shutdown=self.admin_shutdown_grace_s,
-                    http=admin_protocol(self.admin_limits),
+                    http=admin_protocol(self.admin_limits, admin_refusals),
                     # The admin API serves no WebSocket (agents have their own listener): a
                     # handshake is a plain HTTP request, answered by its route.
                     ws="none",

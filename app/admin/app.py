@@ -34,6 +34,7 @@ from app.admin.rollouts import RolloutController
 from app.admin.schema_page import SCHEMA_PATH, schema_pages
 from app.admin.traffic import TrafficSource
 from app.admin.tuning import TuningController
+from app.listeners.refusals import ListenerRefusals
 from app.pki.ends import CertificateEnd
 from app.services.operations import Caller, Operations, RunningSource, nothing_running
 from app.store.gateway_reports import TrafficReports
@@ -58,6 +59,7 @@ def create_admin_app(
     traffic: TrafficSource | None = None,
     running: RunningSource = nothing_running,
     certificates: Sequence[CertificateEnd] = (),
+    listener_refusals: ListenerRefusals | None = None,
 ) -> Litestar:
     """The admin API over ``store``. ``readiness`` defaults to checking the store's database
     with no control plane role to report; ``live`` gives ``/metrics`` the leader's figures,
@@ -65,10 +67,13 @@ def create_admin_app(
     gateways' reports in the store's database) what gateways measured of replicas;
     ``running`` what each connected node reports running, which placement's explanations
     and a drain's room hold as the reconciler does; ``certificates`` when those the server
-    presents and trusts end, for ``/metrics``."""
+    presents and trusts end, and ``listener_refusals`` what the admin listener refused
+    itself (``admin_protocol``), for ``/metrics``."""
     operations = Operations(store, running=running)
     checks = readiness or Readiness(store.engine)
-    cluster_metrics = ClusterMetrics(store, live, gateway_metrics, running, certificates)
+    cluster_metrics = ClusterMetrics(
+        store, live, gateway_metrics, running, certificates, listener_refusals
+    )
     replica_traffic = traffic or TrafficReports(store.engine)
 
     async def provide_store() -> PostgresEventStore:

@@ -48,6 +48,7 @@ from app.domain.gpu_claims import held_elsewhere_counts
 from app.domain.placement import Rejection, explain_placement
 from app.domain.reports import NodeReport
 from app.domain.state import ACTIVE_PHASES, COUNTING_PHASES, ClusterState, ReplicaPhase
+from app.listeners.refusals import ListenerRefusals, RefusalCollector
 from app.pki.ends import CertificateEnd
 from app.services.control_plane import ControlPlane, Leader, Role
 from app.services.operations import RunningSource, nothing_running
@@ -56,6 +57,7 @@ from app.store.database import connection
 from app.store.postgres import PostgresEventStore
 
 QUANTILES = (0.5, 0.9, 0.99, 1.0)
+LISTENER_REFUSALS = "llmgw_admin_listener_refusals"
 MEDIA_TYPE = "text/plain; version=0.0.4"
 """The classic text format every Prometheus reads (Litestar adds the charset)."""
 
@@ -198,10 +200,12 @@ class ClusterMetrics:
         gateway: GatewayPage | None = None,
         running: RunningSource = nothing_running,
         certificates: Sequence[CertificateEnd] = (),
+        listener_refusals: ListenerRefusals | None = None,
     ) -> None:
         """``running``: what each connected node reports running, held from placement as
         the reconciler holds it (``placement_families``); ``certificates``: when those the
-        server presents and trusts end."""
+        server presents and trusts end; ``listener_refusals``: what the admin listener
+        refused itself, before any request reached the API."""
         self._store = store
         self._gateway = gateway
         self._counts = EventCounts(store)
@@ -215,6 +219,10 @@ class ClusterMetrics:
             certificates,
         )
         self.registry.register(collector)
+        if listener_refusals is not None:
+            self.registry.register(
+                RefusalCollector(LISTENER_REFUSALS, {"admin": listener_refusals})
+            )
 
     async def render(self) -> bytes:
         await self._store.catch_up()

@@ -22,6 +22,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from app.admin.bodies import MAX_BODY_BYTES
 from app.admin.errors import problem_body
 from app.listeners.limits import ListenerLimits, limited
+from app.listeners.refusals import ListenerRefusals
 from app.pki import server_ssl_context
 
 TLS_EXTENSION = "tls"
@@ -90,8 +91,16 @@ DEFAULT_ADMIN_MAX_CONNECTIONS = 256
 """Operators, scripts, scrapers and event followers: a few dozen at once is a busy day."""
 
 
-def admin_protocol(limits: ListenerLimits) -> type[HttpToolsProtocol]:
+def admin_protocol(
+    limits: ListenerLimits, refusals: ListenerRefusals | None = None
+) -> type[HttpToolsProtocol]:
     """The admin listener's protocol: the TLS extension in each scope, slow clients cut
     off (``app.listeners.limits``) with a problem document, and a body announced over the
-    admin API's limit refused before the app (or a ``100 Continue``) is reached."""
-    return limited(TlsScopeProtocol, replace(limits, max_body_bytes=MAX_BODY_BYTES), problem_body)
+    admin API's limit refused before the app (or a ``100 Continue``) is reached; each
+    refusal counted and logged in ``refusals`` (for the admin API's ``/metrics``)."""
+    return limited(
+        TlsScopeProtocol,
+        replace(limits, max_body_bytes=MAX_BODY_BYTES),
+        problem_body,
+        refusals,
+    )

@@ -29,8 +29,11 @@ memory behind it, forever, and enough of them hold every connection the process 
 The timeouts are checked by one sweep per listener every second (or every quarter of the
 shorter timeout), so a late client is cut off up to that much after its time.
 
-A client over a limit gets a short answer (408, 413, 431 or 503, in the listener's own error
-shape) and its connection is closed; nobody else notices. The time between requests on a
+A client over a limit gets a short answer (408, 413, 431 or 503 with ``Retry-After``, in the
+listener's own error shape) and its connection is closed; nobody else notices. Each refusal,
+and each request uvicorn answers 400 for not parsing, is counted and logged by reason
+(``app.listeners.refusals``): uvicorn's own warning for every such request, which any
+client could repeat without end, is left out. The time between requests on a
 kept-alive connection is uvicorn's own keep-alive timeout: its 5 s, or what the listener
 sets (the gateway's client listener: ``app.gateway.server.IDLE_KEEP_ALIVE_S``).
 """
@@ -40,16 +43,18 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import http
+import logging
 import math
 import sys
 import termios
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.listeners.http11 import framing_refusal
+from app.listeners.http11 import framing_refusal, retry_after_header
+from app.listeners.refusals import RETRY_AFTER_S, ListenerRefusals, RefusalReason
 
 Refusal = Callable[[int, str], tuple[bytes, bytes]]
 """Renders a refusal: the status and a message in, the content type and the body out."""
@@ -132,6 +137,21 @@ def body_over(limit: int) -> str:
     return f"The request body exceeds {limit} bytes."
 
 
+_UVICORN_UNPARSABLE = "Invalid HTTP request received."
+"""What uvicorn logs, as a warning, for every request it cannot parse (and answers 400)."""
+
+
+class _WithoutUnparsable(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != _UVICORN_UNPARSABLE
+
+
+_UVICORN_LOG = logging.getLogger("uvicorn.error.limited")
+"""uvicorn's logger for the limited protocols: its lines go where uvicorn's go, but for the
+one per unparsable request, counted and logged throttled instead (``ListenerRefusals``)."""
+_UVICORN_LOG.addFilter(_WithoutUnparsable())
+
+
 def plain_text(status: int, message: str) -> tuple[bytes, bytes]:
     return b"text/plain; charset=utf-8", message.encode() + b"\n"
 
@@ -164,10 +184,15 @@ class ListenerLimits:
 
 
 def limited(
-    protocol: type[HttpToolsProtocol], limits: ListenerLimits, refusal: Refusal = plain_text
+    protocol: type[HttpToolsProtocol],
+    limits: ListenerLimits,
+    refusal: Refusal = plain_text,
+    refusals: ListenerRefusals | None = None,
 ) -> type[HttpToolsProtocol]:
     """``protocol`` (uvicorn's httptools protocol or a subclass) with ``limits``; pass the
-    result as ``uvicorn.Config(http=...)``, one per listener."""
+    result as ``uvicorn.Config(http=...)``, one per listener. ``refusals`` counts and logs
+    what the listener refuses (its own, when None)."""
+    counted = refusals if refusals is not None else ListenerRefusals("listener")
     head = (limits.header_timeout_s, "the request's headers")
     body = (limits.body_timeout_s, "the request's body")
     sweep_every_s = min(
@@ -189,10 +214,19 @@ def limited(
         _lingering = False
         _send_watch: SendWatch | None = None
 
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.logger = _UVICORN_LOG
+
         def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
             if len(self.connections) > limits.max_connections:
-                self._refuse(503, "This server has as many connections as it takes; retry.")
+                self._refuse(
+                    503,
+                    "This server has as many connections as it takes; retry.",
+                    RefusalReason.CONNECTIONS,
+                    limits.max_connections,
+                )
                 return
             self._await(head)
             Limited._open.add(self)
@@ -212,7 +246,17 @@ def limited(
             if self._reading_head and not self.transport.is_closing():
                 self._head_bytes += len(data)
                 if self._head_bytes > limits.max_header_bytes:
-                    self._refuse(431, f"Request headers over {limits.max_header_bytes} bytes.")
+                    self._refuse(
+                        431,
+                        f"Request headers over {limits.max_header_bytes} bytes.",
+                        RefusalReason.HEADER_SIZE,
+                        limits.max_header_bytes,
+                    )
+
+        def send_400_response(self, msg: str) -> None:
+            # uvicorn's answer to a request it cannot parse: counted as the listener's own.
+            counted.refused(RefusalReason.MALFORMED, 400, self.client)
+            super().send_400_response(msg)
 
         def pause_writing(self) -> None:
             super().pause_writing()
@@ -270,7 +314,7 @@ def limited(
             refusal = head_over(self.url, self.headers, limits.max_header_bytes)
             if refusal is None:
                 return False
-            self._refuse_head(431, refusal)
+            self._refuse_head(431, refusal, RefusalReason.HEADER_SIZE, limits.max_header_bytes)
             return True
 
         def _framed_two_ways(self) -> bool:
@@ -288,7 +332,7 @@ def limited(
             )
             if refusal is None:
                 return False
-            self._refuse_head(*refusal)
+            self._refuse_head(*refusal, RefusalReason.FRAMING)
             return True
 
         def _announces_too_much(self, limit: int) -> bool:
@@ -297,13 +341,16 @@ def limited(
             lengths = [value for name, value in self.headers if name == b"content-length"]
             if not any(announces_more_than(value, limit) for value in lengths):
                 return False
-            self._refuse_head(413, body_over(limit))
+            self._refuse_head(413, body_over(limit), RefusalReason.BODY_SIZE, limit)
             return True
 
-        def _refuse_head(self, status: int, message: str) -> None:
+        def _refuse_head(
+            self, status: int, message: str, reason: RefusalReason, limit: float | None = None
+        ) -> None:
             """Refuse the request whose head was just read; the app never sees it."""
             previous = self.cycle
             if previous is not None and not previous.response_complete:
+                counted.refused(reason, status, self.client, limit)
                 # An earlier request, pipelined before this one, is still being answered:
                 # no refusal may cut into its answer. The connection closes after it, and
                 # this request goes unanswered (a client retries an unanswered request).
@@ -311,7 +358,7 @@ def limited(
                 self._due = math.inf
                 self._lingering = True
                 return
-            self._refuse(status, message, started=False)
+            self._refuse(status, message, reason, limit, started=False)
 
         def _await(self, stage: tuple[float, str]) -> None:
             self._stage = stage
@@ -323,7 +370,12 @@ def limited(
             for connection in [c for c in Limited._open if c._due <= now]:
                 seconds, what = connection._stage
                 connection._refuse(
-                    408, f"{what[0].upper()}{what[1:]} did not arrive within {seconds:g} s."
+                    408,
+                    f"{what[0].upper()}{what[1:]} did not arrive within {seconds:g} s.",
+                    RefusalReason.HEADER_TIMEOUT
+                    if connection._stage is head
+                    else RefusalReason.BODY_TIMEOUT,
+                    seconds,
                 )
             for connection in list(Limited._open):
                 watch = connection._send_watch
@@ -341,20 +393,37 @@ def limited(
             if Limited._sweeping:
                 loop.call_later(sweep_every_s, Limited._sweep, loop)
 
-        def _refuse(self, status: int, message: str, *, started: bool = True) -> None:
+        def _refuse(
+            self,
+            status: int,
+            message: str,
+            reason: RefusalReason,
+            limit: float | None = None,
+            *,
+            started: bool = True,
+        ) -> None:
             """``started``: whether the request refused has a cycle (``self.cycle``); one
-            refused at its head has none, and ``self.cycle`` is the previous request's."""
+            refused at its head has none, and ``self.cycle`` is the previous request's.
+            Counted and logged under ``reason``, ``limit`` the one the client ran into."""
             self._due = math.inf
             Limited._open.discard(self)
             if self.transport.is_closing() or self._lingering:
                 return
+            counted.refused(reason, status, self.client, limit)
             cycle = self.cycle if started else None
             if cycle is None or not cycle.response_started:
                 content_type, body = refusal(status, message)
                 phrase = http.HTTPStatus(status).phrase.encode()
+                # At the connection limit, any request that ends frees a place: soon.
+                retry_after = (
+                    b"retry-after: %s\r\n" % retry_after_header(RETRY_AFTER_S)
+                    if reason is RefusalReason.CONNECTIONS
+                    else b""
+                )
                 self.transport.write(
                     b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n"
-                    b"connection: close\r\n\r\n%s" % (status, phrase, content_type, len(body), body)
+                    b"%sconnection: close\r\n\r\n%s"
+                    % (status, phrase, content_type, len(body), retry_after, body)
                 )
             if cycle is not None and not cycle.response_complete:
                 # The app, if it is reading this request, sees its client gone; whatever

@@ -9,8 +9,7 @@ the refusal's own path; an accepted connection costs nothing more.
 The log says each reason at most once a ``LOG_INTERVAL_S``, with how many refusals of that
 reason went unlogged since its last line (``refused_unlogged``): the first refusal after a
 quiet minute is logged at once, the rest of a burst is in the count and in the next line.
-The connection limit is the operator's to raise (a warning); the others are clients' own
-doing (slow, oversized or malformed requests) and are logged at info.
+Each line is a warning: something refused and handled (docs/operations.md, Logs).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ LOG_INTERVAL_S = 60.0
 RETRY_AFTER_S = 1.0
 """``Retry-After`` of the 503 at the connection limit: a connection frees up as soon as
 any request ends, as with the gateway's other 503s."""
-REFUSED_EVENT = "listener_refused"
 log = structlog.get_logger(__name__)
 
 
@@ -95,9 +93,8 @@ class ListenerRefusals:
             counts.unlogged += 1
             return
         unlogged, counts.unlogged, counts.logged_at = counts.unlogged, 0, now
-        say = log.warning if reason is RefusalReason.CONNECTIONS else log.info
-        say(
-            REFUSED_EVENT,
+        log.warning(
+            "listener_refused",
             listener=self.name,
             reason=reason.value,
             status=status,

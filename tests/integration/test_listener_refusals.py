@@ -5,12 +5,15 @@ more is answered 503 with ``Retry-After``, counted on ``/metrics`` under
 ``reason="connections"``, and logged once as a warning however many come. Every other
 refusal the listener answers before the app sees a request (a late head, an oversized
 one, one HTTP cannot parse, one a proxy could frame otherwise, a body announced over the
-limit) is counted under a reason of its own and logged at info.
+limit) is counted and logged under a reason of its own. The admin API's listener (uvicorn
+with the same limits) does the same, and uvicorn's own warning for each request it cannot
+parse is left out of the log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import Iterator
 
@@ -20,7 +23,8 @@ from structlog.testing import capture_logs
 
 from app.gateway.server import StaticSource
 from app.listeners.limits import ListenerLimits
-from tests.integration.test_listener_limits import HEAD, status_of
+from app.store.postgres import PostgresEventStore
+from tests.integration.test_listener_limits import HEAD, admin_listener, status_of
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
 from tests.support.waiting import wait_until
 
@@ -50,11 +54,16 @@ def capped() -> Iterator[GatewayThread]:
         yield gateway
 
 
-def refusals_of(gateway: GatewayThread, listener: str = "client") -> dict[str, float]:
+async def refusals_of(gateway: GatewayThread, listener: str = "client") -> dict[str, float]:
     """``llmgw_gateway_listener_refusals_total`` of ``listener``, by reason, from
     ``/metrics``."""
-    page = httpx.get(gateway.metrics_url, timeout=10).text
-    series = f'llmgw_gateway_listener_refusals_total{{listener="{listener}",reason="'
+    return await refusals_on(gateway.metrics_url, "llmgw_gateway_listener_refusals", listener)
+
+
+async def refusals_on(metrics_url: str, metric: str, listener: str) -> dict[str, float]:
+    async with httpx.AsyncClient(timeout=10) as client:
+        page = (await client.get(metrics_url)).text
+    series = f'{metric}_total{{listener="{listener}",reason="'
     pattern = "^" + re.escape(series) + r'([a-z_]+)"\} (\S+)$'
     return {reason: float(value) for reason, value in re.findall(pattern, page, re.MULTILINE)}
 
@@ -84,7 +93,7 @@ async def test_a_gateway_at_its_connection_limit_says_so_to_client_metrics_and_l
     for answer in answers:
         assert status_of(answer) == 503
         assert b"\r\nretry-after: 1\r\n" in answer.lower()
-    counted = refusals_of(capped)
+    counted = await refusals_of(capped)
     assert counted["connections"] == 3
     assert set(counted) == REASONS
     [line] = [entry for entry in logs if entry["event"] == REFUSED_EVENT]
@@ -110,8 +119,9 @@ async def test_a_hostile_crowd_at_the_limit_adds_to_a_count_not_to_the_log_or_th
             writer.close()
 
     assert {status_of(answer) for answer in answers} == {503}
-    assert refusals_of(capped)["connections"] == 200
-    assert len(refusals_of(capped)) == len(REASONS)
+    counted = await refusals_of(capped)
+    assert counted["connections"] == 200
+    assert set(counted) == REASONS
     assert len([entry for entry in logs if entry["event"] == REFUSED_EVENT]) == 1
 
 
@@ -145,15 +155,84 @@ async def test_every_refusal_before_the_app_is_counted_and_logged_by_its_reason(
                 return len([e for e in logs if e["event"] == REFUSED_EVENT]) == len(REFUSED)
 
             await wait_until(all_logged, what="a line for each refusal")
-        counted = refusals_of(gateway)
+        counted = await refusals_of(gateway)
 
     assert {reason: counted[reason] for reason in REFUSED} == dict.fromkeys(REFUSED, 1.0)
     assert counted["connections"] == counted["body_timeout"] == 0
     lines = {entry["reason"]: entry for entry in logs if entry["event"] == REFUSED_EVENT}
     assert set(lines) == set(REFUSED)
-    assert {entry["log_level"] for entry in lines.values()} == {"info"}
+    assert {entry["log_level"] for entry in lines.values()} == {"warning"}
     assert {reason: entry["status"] for reason, entry in lines.items()} == {
         reason: status for reason, (status, _) in REFUSED.items()
     }
     assert lines["header_timeout"]["limit"] == 1.0
     assert lines["body_size"]["limit"] == gateway.gateway.limits.max_body_bytes
+
+
+# -- the admin API (uvicorn, with the same limits) ----------------------------------------
+
+ADMIN_REFUSALS = "llmgw_admin_listener_refusals"
+
+
+async def test_the_admin_api_at_its_connection_limit_says_so_to_client_metrics_and_log(
+    pg_store: PostgresEventStore,
+) -> None:
+    async with admin_listener(pg_store, CAPPED) as port:
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(CAP)]
+        try:
+            with capture_logs() as logs:
+                answers = [await answer_to(port, HEAD) for _ in range(3)]
+        finally:
+            for _, writer in held:
+                writer.close()
+
+        async def counted() -> bool:
+            url = f"http://127.0.0.1:{port}/metrics"
+            try:
+                return (await refusals_on(url, ADMIN_REFUSALS, "admin")).get("connections") == 3
+            except httpx.HTTPError:
+                return False  # still at the limit: the held connections are closing
+
+        await wait_until(counted, what="the refusals on the admin API's /metrics")
+        page = await refusals_on(f"http://127.0.0.1:{port}/metrics", ADMIN_REFUSALS, "admin")
+
+    for answer in answers:
+        assert status_of(answer) == 503
+        assert b"\r\nretry-after: 1\r\n" in answer.lower()
+    assert set(page) == REASONS
+    [line] = [entry for entry in logs if entry["event"] == REFUSED_EVENT]
+    assert line["log_level"] == "warning"
+    assert line["listener"] == "admin API"
+    assert line["reason"] == "connections"
+    assert line["limit"] == CAP
+    assert line["refused_unlogged"] == 0
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+async def test_requests_the_admin_api_cannot_parse_are_counted_and_logged_once(
+    pg_store: PostgresEventStore,
+) -> None:
+    uvicorn_lines = Records()
+    uvicorn_log = logging.getLogger("uvicorn")
+    uvicorn_log.addHandler(uvicorn_lines)
+    try:
+        async with admin_listener(pg_store, CAPPED) as port:
+            with capture_logs() as logs:
+                answers = [await answer_to(port, REFUSED["malformed"][1]) for _ in range(3)]
+            page = await refusals_on(f"http://127.0.0.1:{port}/metrics", ADMIN_REFUSALS, "admin")
+    finally:
+        uvicorn_log.removeHandler(uvicorn_lines)
+
+    assert [status_of(answer) for answer in answers] == [400] * 3
+    assert page["malformed"] == 3
+    [line] = [entry for entry in logs if entry["event"] == REFUSED_EVENT]
+    assert (line["reason"], line["log_level"], line["status"]) == ("malformed", "warning", 400)
+    assert "Invalid HTTP request received." not in uvicorn_lines.messages

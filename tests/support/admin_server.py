@@ -41,6 +41,7 @@ from app.domain.events import (
     replica_stream,
 )
 from app.listeners.limits import ListenerLimits
+from app.listeners.refusals import ListenerRefusals
 from app.listeners.throttle import FailureBudget, FailureLimits
 from app.pki import build_ca, generate_key, issue_node, issue_operator, issue_server
 from app.pki.files import write_ca, write_issued
@@ -124,7 +125,8 @@ async def serving_admin(
     sets them by default; ``readiness`` what ``/readyz`` checks (by default the store's
     database)."""
     authenticator = TokenAuthenticator(tokens or {}, FailureBudget(auth_failures))
-    app = create_admin_app(store, authenticator, readiness, live=live)
+    refusals = ListenerRefusals("admin API")
+    app = create_admin_app(store, authenticator, readiness, live=live, listener_refusals=refusals)
     listener = socket.socket()
     # A test that serves again on the same port must not wait out the old one's TIME_WAIT.
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -134,7 +136,7 @@ async def serving_admin(
         log_level="warning",
         lifespan="on",
         http=admin_protocol(
-            limits or ListenerLimits(max_connections=DEFAULT_ADMIN_MAX_CONNECTIONS)
+            limits or ListenerLimits(max_connections=DEFAULT_ADMIN_MAX_CONNECTIONS), refusals
         ),
         ws="none",
         ssl_context_factory=(lambda _config, _default: tls) if tls is not None else None,

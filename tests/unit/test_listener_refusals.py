@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from structlog.testing import capture_logs
 
-from app.listeners.refusals import REFUSED_EVENT, ListenerRefusals, RefusalReason
+from app.listeners.refusals import ListenerRefusals, RefusalReason
 
-CLIENT = ("192.0.2.7", 40000)
+REFUSED_EVENT = "listener_refused"
+CLIENT = ("127.0.0.7", 40000)
 
 
 class Clock:
@@ -32,7 +33,7 @@ def test_a_burst_is_one_line_and_the_next_line_says_how_many_went_unlogged() -> 
 
     lines = [entry for entry in logs if entry["event"] == REFUSED_EVENT]
     assert [entry["refused_unlogged"] for entry in lines] == [0, 5]
-    assert [entry["client"] for entry in lines] == ["192.0.2.7", None]
+    assert [entry["client"] for entry in lines] == ["127.0.0.7", None]
     assert refusals.totals()[RefusalReason.CONNECTIONS] == 7
 
 
@@ -46,7 +47,7 @@ def test_each_reason_is_throttled_on_its_own_and_every_reason_is_counted_from_ze
 
     assert [(entry["reason"], entry["log_level"]) for entry in logs] == [
         ("connections", "warning"),
-        ("malformed", "info"),
+        ("malformed", "warning"),
     ]
     assert logs[1]["limit"] is None
     totals = refusals.totals()
