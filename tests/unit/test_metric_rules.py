@@ -26,12 +26,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from app.admin.metrics import ClusterCollector, LiveFigures
+from app.admin.metrics import LISTENER_REFUSALS, ClusterCollector, LiveFigures
 from app.domain.autoscale_policy import MAX_COLD_START_S
 from app.domain.events import ModelUnplaceable
 from app.gateway.admission import ReplicaView
 from app.gateway.ejection import EjectionPolicy, Ejector
 from app.gateway.metrics import GatewayMetrics
+from app.listeners.refusals import ListenerRefusals, RefusalCollector, RefusalReason
 from app.pki.ends import CertificateEnd, CertificateRole
 from tests.unit.test_log_events import ROOT
 from tests.unit.test_reconcile import Cluster, of_type
@@ -52,6 +53,7 @@ BOUNDED_LABELS = {
     "serial": "a certificate the server was given at its start",
     "quantile": "a fixed list of quantiles",
     "le": "a histogram bucket",
+    "listener": "one of the server's own listeners",
 }
 """Every label there may be, and why its values are bounded. Never a request id, a key, an
 address, or anything else a client or a node names freely."""
@@ -101,7 +103,14 @@ def cluster_page(recent_pass_durations_s: Sequence[float] = (0.01, 0.02)) -> str
             [certificate],
         )
     )
+    registry.register(RefusalCollector(LISTENER_REFUSALS, {"admin": refused_once()}))
     return generate_latest(registry).decode()
+
+
+def refused_once() -> ListenerRefusals:
+    refusals = ListenerRefusals("listener")
+    refusals.refused(RefusalReason.CONNECTIONS, 503, None, 1)
+    return refusals
 
 
 def gateway_page() -> str:
@@ -137,6 +146,7 @@ def gateway_page() -> str:
     metrics.egress_refused_routes(1)
     metrics.id_shared()
     metrics.rate_limits_degraded(False)
+    metrics.watch_listener_refusals({"client": refused_once(), "metrics": refused_once()})
     return metrics.render().decode()
 
 
