@@ -12,6 +12,8 @@ from litestar.exceptions import ValidationException
 from litestar.params import FromPath, QueryParameter
 
 from app.admin.auth import require_actor
+from app.admin.operation_schema import refusal
+from app.admin.problem_schemas import ConflictProblem
 from app.admin.queries import check_query
 from app.admin.schemas import EventView, HistoryPage
 from app.admin.spec_display import shown_change, shown_spec
@@ -67,6 +69,12 @@ class HistoryController(Controller):
         "on to newer ones. With `before`, the last `limit` events before it (and after "
         "`after`) instead, still oldest first, `next_before` paging back to older ones: "
         f"`before={MAX_POSITION}` reads the newest events.",
+        responses={
+            409: refusal(
+                ConflictProblem,
+                "The key is named by its name, which more than one key has (invalid-operation)",
+            )
+        },
     )
     async def history(
         self,

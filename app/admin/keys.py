@@ -14,6 +14,8 @@ from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED
 from app.admin.bodies import NoBody
 from app.admin.guarded import GuardedController
 from app.admin.key_schemas import KeyChange, KeyCreated, KeyRequest, KeyView
+from app.admin.operation_schema import refusal
+from app.admin.problem_schemas import UnknownThingProblem
 from app.admin.schemas import as_view
 from app.domain.keys import ALL_MODELS
 from app.domain.state import ApiKey
@@ -79,6 +81,9 @@ class KeyController(GuardedController):
         "keys, after the key whose id is `after` when given: pass the last key's id as `after` "
         "for the next page; a page with fewer than `limit` keys is the last (a full one may "
         "be followed by an empty one). An `after` that names no key is refused (404).",
+        responses={
+            404: refusal(UnknownThingProblem, "No key has the id that after names (unknown-key)")
+        },
     )
     async def list_keys(
         self,

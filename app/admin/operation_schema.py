@@ -16,11 +16,20 @@ from its handler:
 - a 400, on every operation, as the problem document the API writes
   (``app.admin.errors.ValidationProblem``). Litestar described its own, which the API never
   sends (``status_code``, ``extra``, as ``application/json``), and only where the handler
-  takes a parameter; any request is a 400 with a query parameter it does not take.
+  takes a parameter; any request is a 400 with a query parameter it does not take;
+- every other refusal an operation can meet, each as the problem document the API writes
+  (``app.admin.problem_schemas``), by one rule per status (``REFUSALS``) read from the
+  route and its handler, not from a list of routes: 401, 403 and 429 where the caller is
+  checked (``require_actor``), 404 where the path names something, 409 and 422 for a
+  change, 422 for a spec, 413 for a request that may carry a body, 503 for one that reads
+  the store; and those no rule finds, which their handler declares (``refusal``). Without
+  them a client generated from the schema took a wrong token, an unknown model or a
+  conflicting change for an answer the API never gives.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
@@ -33,8 +42,16 @@ from litestar.openapi import ResponseSpec
 from litestar.openapi.spec import Operation, RequestBody
 from litestar.routes import HTTPRoute
 
+from app.admin.auth import require_actor
+from app.admin.bodies import MAX_BODY_BYTES
 from app.admin.errors import PROBLEM_MEDIA_TYPE, ValidationProblem
 from app.admin.idempotency_header import CALLER_PARAMETER, CHANGING_METHODS, SCHEMA_PARAMETER
+from app.admin.problem_schemas import (
+    ConflictProblem,
+    InvalidFieldsProblem,
+    Problem,
+    UnknownThingProblem,
+)
 
 BODY_PARAMETER = "data"
 """The handler parameter Litestar reads the request body into."""
@@ -47,6 +64,152 @@ VALIDATION_RESPONSE = ResponseSpec(
     "field to blame in errors (docs/admin-api.md, Errors)",
     generate_examples=False,
 )
+STORE_READERS = frozenset({"store", "operations", "traffic", "readiness", "cluster_metrics"})
+"""The app's dependencies that read the store's database: a handler that takes one meets
+the store's refusals (``app.admin.errors.PROBLEM_TABLE``, 503)."""
+
+
+def refusal(shape: type[msgspec.Struct], description: str) -> ResponseSpec:
+    """The refusal ``description`` says, as the problem document of ``shape``
+    (``app.admin.problem_schemas``). A refusal that no rule of ``REFUSALS`` finds is
+    declared by its handler, in its ``responses``, which the rules' own do not replace: a
+    404 for a thing a query parameter names, a 409 for a read that the cluster's state
+    refuses."""
+    return ResponseSpec(
+        data_container=shape,
+        media_type=PROBLEM_MEDIA_TYPE,
+        description=description,
+        generate_examples=False,
+    )
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A status that an operation is answered with when ``answers`` says its route and
+    handler can meet the refusal, and the problem document it comes as."""
+
+    status: int
+    answers: Callable[[HTTPRoute, HTTPRouteHandler], bool]
+    response: ResponseSpec
+
+
+def checks_the_caller(_: HTTPRoute, handler: HTTPRouteHandler) -> bool:
+    """Guarded by ``require_actor``: a token or an operator certificate is needed."""
+    return any(require_actor in (layer.guards or ()) for layer in handler.ownership_layers)
+
+
+def names_something(route: HTTPRoute, _: HTTPRouteHandler) -> bool:
+    """Its path holds a parameter (a model's name, a drain's id): one may name nothing, and
+    so may a path with an empty segment or an encoded ``/`` (``app.admin.middleware``)."""
+    return bool(route.path_parameters)
+
+
+def changes(_: HTTPRoute, handler: HTTPRouteHandler) -> bool:
+    """Records a change (it takes the ``caller``): decided on the cluster as it is, appended
+    only if no change came first (``Operations._append``), its ``Idempotency-Key`` checked
+    against the request it was first sent with."""
+    return CALLER_PARAMETER in handler.parsed_fn_signature.parameters
+
+
+def changes_or_reads_a_spec(route: HTTPRoute, handler: HTTPRouteHandler) -> bool:
+    """A change, or a model spec read by hand (``app.admin.models``): its fields are
+    checked after it decodes."""
+    return changes(route, handler) or HAND_READ_BODY in handler.resolve_dependencies()
+
+
+def may_carry_a_body(_: HTTPRoute, handler: HTTPRouteHandler) -> bool:
+    """A method that sends a body: one over ``MAX_BODY_BYTES`` is refused, by the listener
+    when its ``Content-Length`` says so, else by the app as it reads it. (The listener
+    refuses a ``GET`` that announces one so too; no client generated from the schema sends
+    it one.)"""
+    return bool(handler.http_methods & CHANGING_METHODS)
+
+
+def reads_the_store(_: HTTPRoute, handler: HTTPRouteHandler) -> bool:
+    """Takes a dependency that reads the database, which may not answer; a change may find
+    this server no longer the leader."""
+    return not STORE_READERS.isdisjoint(handler.parsed_fn_signature.parameters)
+
+
+REFUSALS: tuple[Refusal, ...] = (
+    Refusal(
+        401,
+        checks_the_caller,
+        refusal(
+            Problem,
+            "No operator certificate and no admin token, or a wrong one "
+            "(Authorization: Bearer <admin token>)",
+        ),
+    ),
+    Refusal(
+        403,
+        checks_the_caller,
+        refusal(
+            Problem,
+            "The client certificate is not an operator's, or has expired (HTTPS only)",
+        ),
+    ),
+    Refusal(
+        404,
+        names_something,
+        refusal(
+            UnknownThingProblem,
+            "What the path names does not exist (unknown-model, unknown-node, ...; id "
+            "says which), or a path segment is empty or holds an encoded /",
+        ),
+    ),
+    Refusal(
+        409,
+        changes,
+        refusal(
+            ConflictProblem,
+            "The change does not fit the cluster as it is (invalid-operation, "
+            "no-room-to-drain, carried-out-already), or another change came first "
+            "(conflict: conflicts_with names it); nothing was recorded",
+        ),
+    ),
+    Refusal(
+        413,
+        may_carry_a_body,
+        refusal(Problem, f"The request body is over {MAX_BODY_BYTES} bytes (1 MiB)"),
+    ),
+    Refusal(
+        422,
+        changes_or_reads_a_spec,
+        refusal(
+            InvalidFieldsProblem,
+            "A value cannot be (invalid-spec, invalid-drain, invalid-text, ...: errors "
+            "names each field), or the Idempotency-Key was sent before with another "
+            "request (idempotency-key-reused); nothing was recorded",
+        ),
+    ),
+    Refusal(
+        429,
+        checks_the_caller,
+        refusal(
+            Problem,
+            "Too many wrong tokens from this address: retry after Retry-After seconds "
+            "(an operator certificate is not held up)",
+        ),
+    ),
+    Refusal(
+        503,
+        reads_the_store,
+        refusal(
+            Problem,
+            "The database is unavailable (database-unavailable), this server is not the "
+            "leader (not-leader), its clock is off (clock-off), a change's outcome is "
+            "unknown (outcome-unknown), or the listener holds as many connections as it "
+            "takes: retry",
+        ),
+    ),
+)
+"""Each refusal besides a 400, in the order of its status."""
+
+
+def refusals(route: HTTPRoute, handler: HTTPRouteHandler) -> dict[int, ResponseSpec]:
+    """The refusals ``handler``, at ``route``, can be answered with."""
+    return {r.status: r.response for r in REFUSALS if r.answers(route, handler)}
 
 
 def body_read_by_hand(body: type[msgspec.Struct]) -> dict[str, Provide]:
@@ -98,7 +261,11 @@ def declare_in_schema(app: Litestar) -> None:
         if not isinstance(route, HTTPRoute):
             continue
         for handler in route.route_handlers:
-            handler.responses = {**(handler.responses or {}), 400: VALIDATION_RESPONSE}
+            handler.responses = {
+                **refusals(route, handler),
+                **(handler.responses or {}),
+                400: VALIDATION_RESPONSE,
+            }
             key, optional = reads_idempotency_key(handler), body_optional(handler)
             if key or optional:
                 handler.operation_class = operation_class(

@@ -15,6 +15,8 @@ from app.admin.bodies import NoBody
 from app.admin.drains import DRAINS_PATH
 from app.admin.guarded import GuardedController
 from app.admin.history import MAX_POSITION, event_view
+from app.admin.operation_schema import refusal
+from app.admin.problem_schemas import ConflictProblem
 from app.admin.replica_schemas import MoveView
 from app.admin.rollout_schemas import (
     CanaryTrafficView,
@@ -101,6 +103,9 @@ class RolloutController(GuardedController):
         "/{name:str}/rollout",
         summary="How the model's rollout is going: its step, replicas by revision, moves",
         description="The rollout under way, or the model's last one; 409 when it never had one.",
+        responses={
+            409: refusal(ConflictProblem, "The model has had no rollout (invalid-operation)")
+        },
     )
     async def status(
         self,
