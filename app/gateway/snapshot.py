@@ -13,6 +13,7 @@ import msgspec
 from app.domain.model_spec import (
     API_NAMES,
     MAX_COLD_START_S,
+    MAX_REPLICAS,
     RoutingSettings,
     routing_setting_errors,
 )
@@ -60,6 +61,7 @@ async def read_snapshot(
         cold_starts=rows.cold_starts,
         start_failures=rows.start_failures,
         scaled_to_zero=rows.scaled_to_zero,
+        starting=rows.starting,
         policies=rows.policies,
         apis=rows.apis,
         created=rows.created,
@@ -84,6 +86,7 @@ def build_snapshot(
     cold_starts: Sequence[ColdStartRow] = (),
     start_failures: Sequence[StartFailureRow] = (),
     scaled_to_zero: Sequence[str] = (),
+    starting: Mapping[str, int] = MappingProxyType({}),
     policies: Sequence[PolicyRow] = (),
     apis: Sequence[ApisRow] = (),
     created: Mapping[str, int] = MappingProxyType({}),
@@ -124,6 +127,11 @@ def build_snapshot(
             if f.model in names and is_backoff_left(f.retry_in_s)
         },
         scaled_to_zero=names.intersection(scaled_to_zero),
+        starting={
+            model: replicas
+            for model, replicas in starting.items()
+            if model in names and is_replica_count(replicas)
+        },
         apis={a.model: served_apis(a.apis) for a in apis if a.model in names},
         created={
             model: at
@@ -164,6 +172,13 @@ def is_cold_start_timeout(timeout_s: float) -> bool:
     """A cold-start timeout is above 0 and at most ``MAX_COLD_START_S`` (the spec allows no
     other); a row with any other is taken for none, so the model's requests are not held."""
     return math.isfinite(timeout_s) and 0.0 < timeout_s <= MAX_COLD_START_S
+
+
+def is_replica_count(replicas: int) -> bool:
+    """A model's replicas placed or starting are some above 0 and no more than it may have,
+    each with a replacement (``MAX_REPLICAS`` twice); a row with any other count is taken for
+    none, so the model's requests are refused as without one."""
+    return 0 < replicas <= 2 * MAX_REPLICAS
 
 
 def is_backoff_left(retry_in_s: float) -> bool:

@@ -119,6 +119,11 @@ class GatewaySnapshot(msgspec.Struct, frozen=True, kw_only=True):
     scaled_to_zero: frozenset[str] = frozenset()
     """The declared models without an autoscaling policy that their operator scaled to 0
     replicas: nothing serves them until an operator scales them up."""
+    starting: dict[str, int] = {}
+    """How many replicas of each declared model are placed or starting and not serving yet,
+    by name (absent: none): a model with no route and some here is loading its weights (just
+    declared or scaled up, or every replica being replaced), which is no fault, and a
+    request for it is told so (``app.gateway.router``)."""
     policies: dict[str, RoutePolicy] = {}
     """The routing policy of each declared model, by name (absent: the default)."""
     created: dict[str, int] = {}

@@ -6,7 +6,8 @@ cold-start timeout of those with an autoscaling policy (``spec->'autoscale'``), 
 of those whose spec names them (``spec->'apis'``) and the routing settings of each
 (``spec->'routing'``, for its routing policy), the models failing to start (in failure
 backoff with no replica starting: how many failed in a row and the seconds until the next
-attempt) and those scaled to zero without an autoscaling policy, the ``routing_table`` view with
+attempt) and those scaled to zero without an autoscaling policy, how many replicas of each
+model are placed or starting (not serving yet), the ``routing_table`` view with
 each route's revision and the address its node connected from (the gateway's egress check
 allows that address by default), the API keys not revoked (expired ones too, for
 ``EXPIRED_KEYS_KEPT``), the projection's position and the database's clock (the gateway
@@ -65,6 +66,9 @@ SELECT
   (SELECT coalesce(json_agg(name), '[]') FROM models
    WHERE NOT removed AND desired_replicas = 0
      AND jsonb_typeof(spec->'autoscale') IS DISTINCT FROM 'object') AS scaled_to_zero,
+  (SELECT coalesce(json_object_agg(model, replicas), '{}') FROM (
+     SELECT model, count(*) AS replicas FROM replicas
+     WHERE phase IN ('placed', 'starting') GROUP BY model) s) AS starting,
   (SELECT coalesce(json_agg(r), '[]') FROM (
      SELECT t.replica_id, t.model, t.address, t.port, t.weight, t.target_waiting,
             t.kv_ceiling, t.draining, t.revision,
@@ -167,6 +171,9 @@ class RoutingRows(msgspec.Struct, frozen=True):
     start_failures: list[StartFailureRow]
     scaled_to_zero: list[str]
     """Declared models its operator scaled to 0 replicas, without an autoscaling policy."""
+    starting: dict[str, int]
+    """How many replicas of each model are placed or starting and not serving yet (a model
+    with none has no entry; removed models' too: the gateway keeps the declared ones)."""
     policies: list[PolicyRow]
     routes: list[RouteRow]
     apis: list[ApisRow]
@@ -179,6 +186,7 @@ _declared_decoder = msgspec.json.Decoder(list[str])
 _created_decoder = msgspec.json.Decoder(dict[str, int])
 _canaries_decoder = msgspec.json.Decoder(list[CanaryRow])
 _cold_starts_decoder = msgspec.json.Decoder(list[ColdStartRow])
+_starting_decoder = msgspec.json.Decoder(dict[str, int])
 _start_failures_decoder = msgspec.json.Decoder(list[StartFailureRow])
 _policies_decoder = msgspec.json.Decoder(list[PolicyRow])
 _routes_decoder = msgspec.json.Decoder(list[RouteRow])
@@ -199,6 +207,7 @@ async def read_routing_rows(db: asyncpg.Connection, *, within_s: float) -> Routi
         cold_starts=_cold_starts_decoder.decode(row["cold_starts"]),
         start_failures=_start_failures_decoder.decode(row["start_failures"]),
         scaled_to_zero=_declared_decoder.decode(row["scaled_to_zero"]),
+        starting=_starting_decoder.decode(row["starting"]),
         policies=_policies_decoder.decode(row["policies"]),
         routes=_routes_decoder.decode(row["routes"]),
         keys=_keys_decoder.decode(row["keys"]),

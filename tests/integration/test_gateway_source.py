@@ -54,6 +54,7 @@ from tests.support.routing import (
     fail_replica,
     scale_to_zero,
     serve_replica,
+    start_replica,
 )
 from tests.support.tcp_relay import Break, TcpRelay
 from tests.support.waiting import wait_until
@@ -297,6 +298,29 @@ async def test_a_model_failing_to_start_and_one_scaled_to_zero_are_carried(
     assert retrying not in snapshot.start_failures
     assert parked in snapshot.scaled_to_zero
     assert not {failing, retrying} & snapshot.scaled_to_zero
+
+
+async def test_a_model_carries_how_many_of_its_replicas_are_placed_or_starting(
+    pg_store: PostgresEventStore, source: PostgresSnapshotSource
+) -> None:
+    """Serving and failed replicas are not counted, nor models with none placed or starting."""
+    loading, serving, idle = name(), name(), name()
+    node = f"gpu-{name()}"
+    await connect_node(pg_store, node, "127.0.0.1")
+    await declare_model(pg_store, loading, replicas=3)
+    await declare_model(pg_store, serving)
+    await declare_model(pg_store, idle)
+    await serve_replica(pg_store, serving, 1, node, 21001)
+    await fail_replica(pg_store, idle, 1, node, 21002, "engine exited with code 1")
+    await start_replica(pg_store, loading, 1, node, 21003, shard_started=False)
+    await start_replica(pg_store, loading, 2, node, 21004)  # the last append
+
+    await wait_until(
+        lambda: source.current().starting.get(loading) == 2, within_s=5.0, what="2 starting"
+    )
+    snapshot = source.current()
+    assert loading not in snapshot.routes
+    assert not {serving, idle} & set(snapshot.starting)
 
 
 async def test_a_model_carries_the_apis_its_spec_names(

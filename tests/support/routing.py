@@ -3,7 +3,8 @@
 ``serve_replica`` records what an agent and the reconciler record when a replica comes up
 on a node (placed, shard starting, shard ready, serving), so the replica appears in the
 ``routing_table`` view pointing at an engine that really listens on ``port`` (a simulator
-the test started). ``stop_replica`` records the reconciler taking it out of routing, and
+the test started); ``start_replica`` records one placed, or starting, that serves not yet.
+``stop_replica`` records the reconciler taking it out of routing, and
 ``fail_replica`` a replica placed whose engine failed as it started.
 """
 
@@ -110,6 +111,31 @@ async def serve_replica(
         ShardReady(replica_id=replica_id, shard_index=0, node_id=node_id),
     )
     await _append(store, stream, RECONCILER, ReplicaServing(replica_id=replica_id))
+    return replica_id
+
+
+async def start_replica(
+    store: PostgresEventStore,
+    model: str,
+    number: int,
+    node_id: str,
+    port: int,
+    *,
+    shard_started: bool = True,
+) -> str:
+    """Record replica ``<model>-<number>`` placed on ``node_id`` at ``port`` and, with
+    ``shard_started``, its engine starting there (loading its weights), not serving yet;
+    its id."""
+    replica_id = f"{model}-{number}"
+    stream = replica_stream(replica_id)
+    placement = ShardPlacement(index=0, node_id=node_id, gpus=(number,), port=port)
+    placed = ReplicaPlaced(
+        replica_id=replica_id, model=model, number=number, shards=(placement,), reason="test"
+    )
+    await _append(store, stream, RECONCILER, placed)
+    if shard_started:
+        starting = ShardStarting(replica_id=replica_id, shard_index=0, node_id=node_id, pid=None)
+        await _append(store, stream, Meta(actor=f"agent:{node_id}"), starting)
     return replica_id
 
 

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from app.domain.model_spec import MAX_REPLICAS
 from app.gateway.snapshot import MAX_UNIX_TIME, build_snapshot, engine_url
 from app.gateway.table import Canary, StartFailure
 from app.store.routing_rows import (
@@ -217,3 +218,24 @@ def test_a_model_failing_to_start_retries_at_when_its_backoff_ends_by_the_gatewa
     assert snapshot.start_failures["qwen"] == StartFailure(failures=1, retry_at=109.0)
     assert set(snapshot.start_failures) == {"llama", "qwen"}
     assert snapshot.scaled_to_zero == frozenset({"idle"})
+
+
+def test_a_models_replicas_starting_are_counted_and_counts_no_reconciler_wrote_are_none() -> None:
+    snapshot = build_snapshot(
+        7,
+        ["llama", "qwen", "zero", "negative", "huge", "most"],
+        [],
+        [],
+        at=100.0,
+        starting={
+            "llama": 2,
+            "qwen": 1,
+            "removed": 3,
+            "zero": 0,
+            "negative": -1,
+            "huge": 2 * MAX_REPLICAS + 1,
+            "most": 2 * MAX_REPLICAS,
+        },
+    )
+
+    assert snapshot.starting == {"llama": 2, "qwen": 1, "most": 2 * MAX_REPLICAS}
