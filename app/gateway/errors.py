@@ -313,6 +313,26 @@ def _retry_later(message: str, code: str, retry_after_s: float, *, retry: bool =
     return ApiError(429, message, type="rate_limit_error", code=code, headers=headers)
 
 
+STARTING_RETRY_AFTER_S = 5.0
+"""What a request for a model whose replicas are starting is told: a replica loads its
+weights in seconds to minutes, and a retry every few seconds finds the first that serves
+soon after it does, without a client polling hard meanwhile."""
+
+
+def replicas_starting(model: str, starting: int) -> ApiError:
+    """``model`` has no serving replica yet, and ``starting`` of its replicas are placed or
+    starting (it was just declared or scaled up, or every replica is being replaced): one
+    may serve within seconds. A code of its own, so that a client tells a deploy under way
+    from a model nothing serves."""
+    replicas = "1 of its replicas is" if starting == 1 else f"{starting} of its replicas are"
+    return _unavailable(
+        f"The model `{model}` has no serving replica yet: {replicas} starting; "
+        "retry in a few seconds.",
+        "replicas_starting",
+        STARTING_RETRY_AFTER_S,
+    )
+
+
 def no_serving_replica(model: str, *, scaled_to_zero: bool = False) -> ApiError:
     """``scaled_to_zero``: its operator scaled it to 0 replicas, and without an autoscaling
     policy none comes back until an operator scales it up: no use trying again shortly."""

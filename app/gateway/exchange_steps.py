@@ -40,6 +40,7 @@ from app.gateway.errors import (
     quota_exceeded,
     quota_reason,
     rate_limit_headers,
+    replicas_starting,
     saturated,
 )
 from app.gateway.exchange import CompletionExchange, route_header
@@ -280,8 +281,9 @@ class ExchangeSteps:
 
     def refused(self, exchange: CompletionExchange, refusal: RouteRefused) -> ApiError:
         """The answer to a request the router found no replica for, counted by reason. A
-        503 that autoscaling or an operator means (the model is scaled to zero, its cold
-        start outlasted the hold, or the gateway stopped while it was held) is no fault of
+        503 that autoscaling or an operator means (the model is scaled to zero, its replicas
+        are starting, its cold start outlasted the hold, or the gateway stopped while it was
+        held) is no fault of
         the gateway's or an engine's: its request line says what happened, below error
         level (``finish``)."""
         model = exchange.model
@@ -290,6 +292,10 @@ class ExchangeSteps:
                 # Held while the model was removed: the answer a retry would get, not a
                 # 503 that tells the client to retry.
                 reason, error = "model_removed", model_not_found(model)
+            case NoServingReplica(starting=starting) if starting > 0:
+                reason, error = "replicas_starting", replicas_starting(model, starting)
+                exchange.note = f"the model's replicas are starting: {starting} not serving yet"
+                exchange.log_level = logging.INFO  # a deploy under way, not a fault
             case NoServingReplica(scaled_to_zero=scaled_to_zero):
                 reason = "no_serving_replica"
                 error = no_serving_replica(model, scaled_to_zero=scaled_to_zero)

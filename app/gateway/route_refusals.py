@@ -2,8 +2,8 @@
 its own error (``app.gateway.exchange_steps``).
 
     RouteRefused            the request gets no replica
-    ├── NoServingReplica    no route for the model: 503 (its operator scaled it to zero:
-    │   │                   503 that says so)
+    ├── NoServingReplica    no route for the model: 503 (its operator scaled it to zero,
+    │   │                   or its replicas are starting: 503 that says so)
     │   └── ModelRemoved    a request waited for a model that is no longer declared: 404
     ├── FailingToStart      no route, and the model is in failure backoff with no replica
     │                       starting (at once, or released from a hold): 503 with
@@ -29,12 +29,15 @@ class RouteRefused(Exception):
 
 
 class NoServingReplica(RouteRefused):
-    def __init__(self, model: str, *, scaled_to_zero: bool = False) -> None:
+    def __init__(self, model: str, *, scaled_to_zero: bool = False, starting: int = 0) -> None:
         """``scaled_to_zero``: its operator scaled it to 0 replicas (it has no autoscaling
-        policy), so none comes back until an operator scales it up."""
+        policy), so none comes back until an operator scales it up. ``starting``: how many
+        of its replicas are placed or starting (loading their weights), so one may serve
+        within seconds."""
         super().__init__(f"no serving replica for model {model!r}")
         self.model = model
         self.scaled_to_zero = scaled_to_zero
+        self.starting = starting
 
 
 class ModelRemoved(NoServingReplica):

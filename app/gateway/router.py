@@ -25,7 +25,10 @@ whether it has an autoscaling policy or not, and the requests held or waiting fo
 a table shows the failure are answered so too. Once the backoff's end has passed, the
 next replica is under way and requests are held again. A model without a policy that its
 operator scaled to zero is refused with ``NoServingReplica`` marked ``scaled_to_zero``:
-none comes back until an operator acts.
+none comes back until an operator acts. Any other model without a route whose replicas the
+snapshot shows placed or starting (``starting``: just declared or scaled up, or every
+replica being replaced) is refused with ``NoServingReplica`` carrying how many: it is
+loading, not failing, and one may serve within seconds.
 
 The router calls its ``on_hold`` listener when it starts holding requests
 for a model that held none, so the gateway reports the demand at once
@@ -110,6 +113,7 @@ class Router:
         self._cold_start_s: dict[str, float] = {}
         self._start_failures: dict[str, StartFailure] = {}
         self._scaled_to_zero: frozenset[str] = frozenset()
+        self._starting: dict[str, int] = {}
         self._declared: frozenset[str] = frozenset()
         self._holds: Counter[tuple[str, HoldOutcome]] = Counter()
         self._on_hold: Callable[[], None] | None = None
@@ -137,6 +141,7 @@ class Router:
         self._cold_start_s = dict(snapshot.cold_start_s)
         self._start_failures = dict(snapshot.start_failures)
         self._scaled_to_zero = snapshot.scaled_to_zero
+        self._starting = dict(snapshot.starting)
         self._held_models = {
             m for m in self._held_models if m not in by_model and m in self._cold_start_s
         }
@@ -255,8 +260,14 @@ class Router:
         return FailingToStart(model, failure.failures, retry_after_s)
 
     def _no_serving_replica(self, model: str) -> NoServingReplica:
-        scaled_to_zero = model in self._scaled_to_zero and model not in self.replicas.by_model
-        return NoServingReplica(model, scaled_to_zero=scaled_to_zero)
+        """The refusal for ``model`` when no replica can take a request: it says why when
+        the model has no route at all, because its operator scaled it to zero or because
+        its replicas are still starting."""
+        if model in self.replicas.by_model:
+            return NoServingReplica(model)  # its routes were all excluded: tried already
+        if model in self._scaled_to_zero:
+            return NoServingReplica(model, scaled_to_zero=True)
+        return NoServingReplica(model, starting=self._starting.get(model, 0))
 
     def _has_candidates(self, model: str, exclude: frozenset[str]) -> bool:
         return any(s.route.replica_id not in exclude for s in self.replicas.by_model.get(model, ()))

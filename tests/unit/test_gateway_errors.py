@@ -22,6 +22,7 @@ from app.gateway.errors import (
     quota_exceeded,
     quota_reason,
     rate_limit_headers,
+    replicas_starting,
     saturated,
     stream_error_events,
     too_many_failed_authentications,
@@ -240,6 +241,28 @@ def test_a_model_its_operator_scaled_to_zero_is_not_to_be_tried_again_shortly() 
     )
     assert "shortly" in str(error_of(no_serving_replica("m").body())["message"])
     assert no_serving_replica("m").headers == ()  # may be retried: a replica may serve soon
+
+
+def test_a_model_whose_replicas_are_starting_is_to_be_tried_again_in_a_few_seconds() -> None:
+    error = replicas_starting("m", 2)
+    # Its own code, so a client tells a deploy under way from a model nothing serves, and a
+    # Retry-After that the openai SDKs honour.
+    assert (error.status, error.code) == (503, "replicas_starting")
+    assert dict(error.headers) == {b"retry-after": b"5"}
+    assert error_of(error.body()) == {
+        "message": (
+            "The model `m` has no serving replica yet: 2 of its replicas are starting; "
+            "retry in a few seconds."
+        ),
+        "type": "server_error",
+        "param": None,
+        "code": "replicas_starting",
+    }
+    one = error_of(replicas_starting("m", 1).body())["message"]
+    assert one == (
+        "The model `m` has no serving replica yet: 1 of its replicas is starting; "
+        "retry in a few seconds."
+    )
 
 
 def test_too_many_wrong_keys_is_not_to_be_retried_by_the_sdk() -> None:
