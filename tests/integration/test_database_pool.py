@@ -1,0 +1,158 @@
+"""The pool of fresh databases the tests take: cloned ahead, each handed out once, and
+every one dropped, on a real PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from tests.support.database_pool import POOL_SIZE, DatabasePool
+from tests.support.postgres import PostgresServer, unique_database_name
+from tests.support.waiting import wait_until
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def template(postgres_server: PostgresServer) -> AsyncIterator[str]:
+    """A small template with one row the clones must have."""
+    name = unique_database_name("llmgw_pool_template")
+    await postgres_server.create_database(name)
+    connection = await asyncpg.connect(postgres_server.url(name))
+    try:
+        await connection.execute("CREATE TABLE marker (word text); INSERT INTO marker VALUES ('x')")
+    finally:
+        await connection.close()
+    yield name
+    await postgres_server.drop_database(name)
+
+
+@pytest.fixture
+def prefix() -> str:
+    """The names of one test's pool, told apart from every other database on the server."""
+    return unique_database_name("llmgw_pooltest")
+
+
+async def databases_named(server: PostgresServer, prefix: str) -> set[str]:
+    connection = await asyncpg.connect(server.admin_url)
+    try:
+        rows = await connection.fetch(
+            "SELECT datname FROM pg_database WHERE starts_with(datname, $1)", prefix
+        )
+    finally:
+        await connection.close()
+    return {row["datname"] for row in rows}
+
+
+async def marker_of(server: PostgresServer, database: str) -> str:
+    connection = await asyncpg.connect(server.url(database))
+    try:
+        return str(await connection.fetchval("SELECT word FROM marker"))
+    finally:
+        await connection.close()
+
+
+async def test_databases_are_cloned_before_a_test_asks_for_one(
+    postgres_server: PostgresServer, template: str, prefix: str
+) -> None:
+    pool = DatabasePool(postgres_server, template, size=2, prefix=prefix)
+    pool.start()
+    try:
+        await wait_until(lambda: pool.ready == 2, what="two databases cloned ahead")
+        cloned = await databases_named(postgres_server, prefix)
+        assert len(cloned) == 2
+
+        taken = await pool.take()
+
+        assert taken in cloned
+        assert await marker_of(postgres_server, taken) == "x"
+        pool.give_back(taken)
+    finally:
+        await pool.close()
+
+
+async def test_no_database_is_handed_out_twice(
+    postgres_server: PostgresServer, template: str, prefix: str
+) -> None:
+    pool = DatabasePool(postgres_server, template, size=2, prefix=prefix)
+    pool.start()
+    try:
+        taken = [await pool.take() for _ in range(5)]
+
+        assert len(set(taken)) == 5
+        for name in taken:
+            pool.give_back(name)
+    finally:
+        await pool.close()
+
+
+async def test_a_database_given_back_is_dropped_without_waiting_for_the_end(
+    postgres_server: PostgresServer, template: str, prefix: str
+) -> None:
+    pool = DatabasePool(postgres_server, template, size=1, prefix=prefix)
+    pool.start()
+    try:
+        taken = await pool.take()
+
+        pool.give_back(taken)
+
+        async def dropped() -> bool:
+            return taken not in await databases_named(postgres_server, prefix)
+
+        await wait_until(dropped, what=f"{taken} dropped")
+    finally:
+        await pool.close()
+
+
+async def test_closing_drops_every_database_taken_or_not(
+    postgres_server: PostgresServer, template: str, prefix: str
+) -> None:
+    pool = DatabasePool(postgres_server, template, size=2, prefix=prefix)
+    pool.start()
+    given_back = await pool.take()
+    kept = await pool.take()  # a test that never gave its database back
+    pool.give_back(given_back)
+    await wait_until(lambda: pool.ready == 2, what="the pool full again")
+    assert kept in await databases_named(postgres_server, prefix)
+
+    await pool.close()
+
+    assert await databases_named(postgres_server, prefix) == set()
+
+
+async def test_a_clone_that_fails_is_raised_to_the_test_that_takes_it(
+    postgres_server: PostgresServer, prefix: str
+) -> None:
+    pool = DatabasePool(postgres_server, unique_database_name("llmgw_missing"), prefix=prefix)
+    pool.start()
+
+    with pytest.raises(asyncpg.InvalidCatalogNameError):
+        await pool.take()
+    with pytest.raises(asyncpg.InvalidCatalogNameError):
+        await pool.close()
+    assert await databases_named(postgres_server, prefix) == set()
+
+
+async def test_a_database_not_of_the_pool_is_refused_back(
+    postgres_server: PostgresServer, template: str, prefix: str
+) -> None:
+    pool = DatabasePool(postgres_server, template, size=1, prefix=prefix)
+    pool.start()
+    try:
+        with pytest.raises(ValueError, match="not a database of this pool"):
+            pool.give_back(template)
+        assert template in await databases_named(postgres_server, "llmgw_pool_template")
+    finally:
+        await pool.close()
+
+
+def test_a_pool_keeps_at_least_one_database_ready(postgres_server: PostgresServer) -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        DatabasePool(postgres_server, "any", size=0)
+
+
+async def test_the_next_tests_database_is_ready_while_this_one_runs(
+    database_pool: DatabasePool, database_url: str
+) -> None:
+    await wait_until(lambda: database_pool.ready == POOL_SIZE, what="the next databases cloned")
