@@ -46,6 +46,13 @@ class LeftOut(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     names, or a replica id that names none. A reader takes any model for one of them."""
 
 
+UNREADABLE = LeftOut(replicas=0, models=frozenset(), unnamed_models=True)
+"""What a reader makes of a report that says it left replicas out in a form the reader
+cannot read (malformed, too big): that any model may be among them, as it would of a report
+that could not name them all. Read as leaving nothing out, it would let the autoscaler take
+a model that gateway heard for idle. How many it left out is not known: 0."""
+
+
 def model_of_replica(replica_id: str) -> str:
     """The model a replica's id names: ids are ``<model>-<n>`` (``events.replica_id_for``),
     and ``n`` holds no ``-``. Empty for an id made otherwise."""

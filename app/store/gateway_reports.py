@@ -28,9 +28,10 @@ replica and ``queued`` per model into bounded types, and a piece that is too big
 malformed is skipped (and logged), never a failure of the reader; ``ejected`` likewise
 per replica, and ``traffic.left_out`` (what a report past ``MAX_REPORTED_REPLICAS`` says of
 the replicas it leaves out, ``app.domain.traffic_left_out``; absent from an older
-gateway's row) as one piece. ``in_flight`` is summed in the database: an entry that is not
-a whole count of at most ``MAX_IN_FLIGHT_PER_REPLICA`` is left out of the sums, a row that
-is not an object adds nothing.
+gateway's row) as one piece, which, malformed or too big, is read as naming any model
+(``traffic_left_out.UNREADABLE``). ``in_flight`` is summed in the database: an entry that
+is not a whole count of at most ``MAX_IN_FLIGHT_PER_REPLICA`` is left out of the sums, a
+row that is not an object adds nothing.
 """
 
 from __future__ import annotations
@@ -47,7 +48,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.domain.model_spec import NAME_PATTERN
 from app.domain.reports import SILENT_HOLD_S, GatewaysInFlight
 from app.domain.traffic import ReplicaTraffic, TrafficFigures, WindowSeconds
-from app.domain.traffic_left_out import GatewayTraffic, LeftOut, figures_of_groups, leaving_out
+from app.domain.traffic_left_out import (
+    UNREADABLE,
+    GatewayTraffic,
+    LeftOut,
+    figures_of_groups,
+    leaving_out,
+)
 from app.store.database import connection
 
 log = structlog.get_logger(__name__)
@@ -259,7 +266,7 @@ WHERE reported_at > now() - make_interval(secs => $2) AND traffic IS NOT NULL
 _encoder = msgspec.json.Encoder()
 _decode_window = msgspec.json.Decoder(WindowSeconds).decode
 _decode_replica = msgspec.json.Decoder(ReplicaTraffic).decode
-_decode_left_out = msgspec.json.Decoder(LeftOut).decode
+_decode_left_out = msgspec.json.Decoder(LeftOut | None).decode
 _decode_raw_pieces = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
 _decode_count = msgspec.json.Decoder(QueuedCount).decode
 _decode_in_a_row = msgspec.json.Decoder(EjectionsInARow).decode
@@ -474,8 +481,9 @@ def _decode_left_out_part(
     gateway_id: str, size: int | None, document: str | None
 ) -> LeftOut | None:
     """What a gateway's report says of the replicas it left out; None when it says nothing
-    (it left none out, or wrote before reports said so) or what it says is malformed or
-    too big: that part alone is skipped (logged), its listed figures still count."""
+    (it left none out, or wrote before reports said so). What it says malformed or too big
+    is logged and read as ``UNREADABLE``: it did leave replicas out, and any model may be
+    among them. Its listed figures still count."""
     if size is None:
         return None
     try:
@@ -483,8 +491,8 @@ def _decode_left_out_part(
             raise ValueError(f"{size} bytes of left out replicas, over {MAX_LEFT_OUT_REPORT_BYTES}")
         return _decode_left_out(document)
     except (msgspec.DecodeError, ValueError) as exc:
-        _log_refused(gateway_id, f"left out replicas skipped: {exc}")
-        return None
+        _log_refused(gateway_id, f"left out replicas unread, any model taken for one: {exc}")
+        return UNREADABLE
 
 
 def _decode_replicas(
