@@ -236,3 +236,49 @@ async def test_requests_the_admin_api_cannot_parse_are_counted_and_logged_once(
     [line] = [entry for entry in logs if entry["event"] == REFUSED_EVENT]
     assert (line["reason"], line["log_level"], line["status"]) == ("malformed", "warning", 400)
     assert "Invalid HTTP request received." not in uvicorn_lines.messages
+
+
+# -- a kept-alive connection idle between requests is no refusal --------------------------
+
+
+async def idle_between_requests(port: int) -> tuple[int, int]:
+    """One request answered on a kept-alive connection, which then idles until a late head
+    on another connection, opened after that answer, is refused 408 (so the head timeout
+    has passed for the idle one too); then a second request on the idle connection. The
+    statuses of the late head and of the second request."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(HEAD)
+        await writer.drain()
+        assert status_of(await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)) == 200
+        late = await answer_to(port, REFUSED["header_timeout"][1])
+        writer.write(HEAD)
+        await writer.drain()
+        again = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        return status_of(late), status_of(again)
+    finally:
+        writer.close()
+
+
+async def test_a_gateway_connection_idle_between_requests_is_not_refused() -> None:
+    _, record = new_key()
+    source = StaticSource(snapshot_of([], [record]))
+    with GatewayThread(source, limits=QUICK, metrics_port=0) as gateway:
+        with capture_logs() as logs:
+            assert await idle_between_requests(gateway.gateway.port) == (408, 200)
+        counted = await refusals_of(gateway)
+
+    assert counted["header_timeout"] == 1
+    assert [e["reason"] for e in logs if e["event"] == REFUSED_EVENT] == ["header_timeout"]
+
+
+async def test_an_admin_api_connection_idle_between_requests_is_not_refused(
+    pg_store: PostgresEventStore,
+) -> None:
+    async with admin_listener(pg_store, QUICK) as port:
+        with capture_logs() as logs:
+            assert await idle_between_requests(port) == (408, 200)
+        page = await refusals_on(f"http://127.0.0.1:{port}/metrics", ADMIN_REFUSALS, "admin")
+
+    assert page["header_timeout"] == 1
+    assert [e["reason"] for e in logs if e["event"] == REFUSED_EVENT] == ["header_timeout"]
