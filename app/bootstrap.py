@@ -348,7 +348,7 @@ class Server:
                 election=self.election(),
             )
             gateway = PostgresGateway(self.database_url, self.gateway) if self.gateway else None
-            admin_refusals = ListenerRefusals("admin API")
+            admin_refusals = ListenerRefusals("admin")
             admin = _AdminServer(
                 uvicorn.Config(
                     create_admin_app(

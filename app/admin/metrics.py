@@ -220,9 +220,7 @@ class ClusterMetrics:
         )
         self.registry.register(collector)
         if listener_refusals is not None:
-            self.registry.register(
-                RefusalCollector(LISTENER_REFUSALS, {"admin": listener_refusals})
-            )
+            self.registry.register(RefusalCollector(LISTENER_REFUSALS, [listener_refusals]))
 
     async def render(self) -> bytes:
         await self._store.catch_up()

@@ -15,7 +15,7 @@ not every model it ever served.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -286,8 +286,8 @@ class GatewayMetrics:
         scrape."""
         self.registry.register(_RouteCollector(read))
 
-    def watch_listener_refusals(self, listeners: dict[str, ListenerRefusals]) -> None:
-        """Publish what each of the gateway's listeners (by its ``listener`` label) refused
+    def watch_listener_refusals(self, listeners: Sequence[ListenerRefusals]) -> None:
+        """Publish what each of the gateway's listeners (labelled by its name) refused
         itself before any request reached the app, read at each scrape."""
         self.registry.register(RefusalCollector(LISTENER_REFUSALS, listeners))
 

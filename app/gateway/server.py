@@ -241,11 +241,9 @@ class Gateway:
             self.router.replica_views, self.router.queued, self.router.cold_start_holds
         )
         self.metrics.watch_routes(self.router.route_decisions)
-        self.client_refusals = ListenerRefusals("gateway")
-        self.metrics_refusals = ListenerRefusals("gateway's metrics listener")
-        self.metrics.watch_listener_refusals(
-            {"client": self.client_refusals, "metrics": self.metrics_refusals}
-        )
+        self.client_refusals = ListenerRefusals("client")
+        self.metrics_refusals = ListenerRefusals("metrics")
+        self.metrics.watch_listener_refusals([self.client_refusals, self.metrics_refusals])
         self.egress = EngineEgress(engine_networks, self.metrics)
         self.traffic = TrafficWindow()
         self.app = GatewayApp(

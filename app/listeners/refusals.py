@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from enum import StrEnum
 
 import structlog
@@ -57,8 +57,9 @@ class _Reason:
 
 
 class ListenerRefusals:
-    """The refusals of one listener (``name``, as its log lines call it) since it was made.
-    ``clock``: monotonic seconds."""
+    """The refusals of one listener since it was made. ``name``: the listener, as its log
+    lines and its metric's ``listener`` label both call it, so that a line is found from
+    the series it explains. ``clock``: monotonic seconds."""
 
     def __init__(
         self,
@@ -106,9 +107,10 @@ class ListenerRefusals:
 
 class RefusalCollector(Collector):
     """``metric`` (a counter's name, without ``_total``) of each of ``listeners``'
-    refusals, by ``listener`` (the key it is given here) and reason, read at each scrape."""
+    refusals, by ``listener`` (its ``name``, as its log lines say) and reason, read at each
+    scrape."""
 
-    def __init__(self, metric: str, listeners: dict[str, ListenerRefusals]) -> None:
+    def __init__(self, metric: str, listeners: Sequence[ListenerRefusals]) -> None:
         self._metric = metric
         self._listeners = listeners
 
@@ -121,7 +123,7 @@ class RefusalCollector(Collector):
             "malformed (400), framing (400 or 505).",
             labels=["listener", "reason"],
         )
-        for listener, refusals in self._listeners.items():
+        for refusals in self._listeners:
             for reason, total in refusals.totals().items():
-                family.add_metric([listener, reason.value], total)
+                family.add_metric([refusals.name, reason.value], total)
         yield family

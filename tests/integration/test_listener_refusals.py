@@ -98,7 +98,7 @@ async def test_a_gateway_at_its_connection_limit_says_so_to_client_metrics_and_l
     assert set(counted) == REASONS
     [line] = [entry for entry in logs if entry["event"] == REFUSED_EVENT]
     assert line["log_level"] == "warning"
-    assert line["listener"] == "gateway"
+    assert line["listener"] == "client"  # as the metric labels it
     assert line["reason"] == "connections"
     assert line["status"] == 503
     assert line["limit"] == CAP
@@ -202,7 +202,7 @@ async def test_the_admin_api_at_its_connection_limit_says_so_to_client_metrics_a
     assert set(page) == REASONS
     [line] = [entry for entry in logs if entry["event"] == REFUSED_EVENT]
     assert line["log_level"] == "warning"
-    assert line["listener"] == "admin API"
+    assert line["listener"] == "admin"  # as the metric labels it
     assert line["reason"] == "connections"
     assert line["limit"] == CAP
     assert line["refused_unlogged"] == 0

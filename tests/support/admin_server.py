@@ -125,7 +125,7 @@ async def serving_admin(
     sets them by default; ``readiness`` what ``/readyz`` checks (by default the store's
     database)."""
     authenticator = TokenAuthenticator(tokens or {}, FailureBudget(auth_failures))
-    refusals = ListenerRefusals("admin API")
+    refusals = ListenerRefusals("admin")
     app = create_admin_app(store, authenticator, readiness, live=live, listener_refusals=refusals)
     listener = socket.socket()
     # A test that serves again on the same port must not wait out the old one's TIME_WAIT.

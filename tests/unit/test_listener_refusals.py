@@ -21,7 +21,7 @@ class Clock:
 
 def test_a_burst_is_one_line_and_the_next_line_says_how_many_went_unlogged() -> None:
     clock = Clock()
-    refusals = ListenerRefusals("gateway", interval_s=60.0, clock=clock)
+    refusals = ListenerRefusals("client", interval_s=60.0, clock=clock)
 
     with capture_logs() as logs:
         for _ in range(5):
@@ -38,7 +38,7 @@ def test_a_burst_is_one_line_and_the_next_line_says_how_many_went_unlogged() -> 
 
 
 def test_each_reason_is_throttled_on_its_own_and_every_reason_is_counted_from_zero() -> None:
-    refusals = ListenerRefusals("admin API", clock=Clock())
+    refusals = ListenerRefusals("admin", clock=Clock())
 
     with capture_logs() as logs:
         refusals.refused(RefusalReason.CONNECTIONS, 503, CLIENT, 4)

@@ -103,12 +103,12 @@ def cluster_page(recent_pass_durations_s: Sequence[float] = (0.01, 0.02)) -> str
             [certificate],
         )
     )
-    registry.register(RefusalCollector(LISTENER_REFUSALS, {"admin": refused_once()}))
+    registry.register(RefusalCollector(LISTENER_REFUSALS, [refused_once("admin")]))
     return generate_latest(registry).decode()
 
 
-def refused_once() -> ListenerRefusals:
-    refusals = ListenerRefusals("listener")
+def refused_once(listener: str) -> ListenerRefusals:
+    refusals = ListenerRefusals(listener)
     refusals.refused(RefusalReason.CONNECTIONS, 503, None, 1)
     return refusals
 
@@ -146,7 +146,7 @@ def gateway_page() -> str:
     metrics.egress_refused_routes(1)
     metrics.id_shared()
     metrics.rate_limits_degraded(False)
-    metrics.watch_listener_refusals({"client": refused_once(), "metrics": refused_once()})
+    metrics.watch_listener_refusals([refused_once("client"), refused_once("metrics")])
     return metrics.render().decode()
 
 
