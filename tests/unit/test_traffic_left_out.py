@@ -9,8 +9,10 @@ import msgspec
 import pytest
 
 from app.domain.autoscale_heard import heard_within
+from app.domain.events import replica_id_for
 from app.domain.model_spec import RolloutPolicy
 from app.domain.rollout_verdict import INCONCLUSIVE, PROMOTE, judge
+from app.domain.shard_report_budget import MAX_REPLICA_NUMBER
 from app.domain.traffic import ReplicaTraffic, merge
 from app.domain.traffic_left_out import (
     MAX_MODELS_NAMED,
@@ -18,6 +20,7 @@ from app.domain.traffic_left_out import (
     LeftOut,
     figures_of_groups,
     leaving_out,
+    model_of_replica,
 )
 from app.store.gateway_reports import MAX_REPORTED_REPLICAS, TrafficReport, bounded
 
@@ -143,3 +146,12 @@ def test_a_verdict_waits_rather_than_judge_figures_a_report_may_have_left_out() 
         "1 gateway(s) may have left replicas of the new revision out of their reports "
         "(past the replicas a report lists): the figures may lack their requests"
     )
+
+
+@pytest.mark.parametrize("model", ["a", "llama-3", "qwen2.5-7b-instruct", "m-1", "x" * 63])
+@pytest.mark.parametrize("number", [1, 12, MAX_REPLICA_NUMBER])
+def test_every_replica_id_names_its_model(model: str, number: int) -> None:
+    # Every replica, a drain's replacement and a rollout's new revision included, is
+    # placed under replica_id_for's id (desired_count._place_at): a model ending in "-<n>"
+    # or holding a "-" is still told apart from the replica's number.
+    assert model_of_replica(replica_id_for(model, number)) == model
