@@ -1,0 +1,437 @@
+"""What a gateway's routing snapshot read costs the database as the fleet grows.
+
+    python benchmarks/gateway_snapshot.py [--sizes 1000,5000,20000] [--ended-per-live 2]
+                                          [--repeat 30] [--rates 10,100] [--churn-s 10]
+
+Every gateway reads its routing snapshot (``app.store.routing_rows.read_routing_rows``, one
+statement) on each notification of a projection change, after ``DEFAULT_DEBOUNCE_S``, and
+every ``refresh_interval_s`` anyway (``app.gateway.source``). For each of ``--sizes`` live
+(serving, routable) replicas, one fresh migrated database (``benchmarks/common.py``) is
+seeded straight into the projection tables: 40 models, the live replicas and
+``--ended-per-live`` times as many ended ones (stopped, as the projection keeps them), one
+shard each, on one node per 4 live replicas, and 100 API keys. Then, on the runtime role's
+connection, as a gateway reads:
+
+- the statement (``read_routing_rows``: the round trip and decoding its JSON columns),
+  median and p90 of ``--repeat`` reads;
+- building the ``GatewaySnapshot`` from its rows (``build_snapshot``), median and p90;
+- the bytes of its answer (the JSON columns as the server sends them);
+- at the largest size, its plan (``EXPLAIN (ANALYZE, BUFFERS)``), printed and kept;
+- reads a second of a real ``PostgresSnapshotSource`` while a writer appends projection
+  changes at each of ``--rates`` a second for ``--churn-s`` seconds (a replica's weight
+  changes, the checkpoint moves on and the log's channel is notified with the new position,
+  as an append does). Notifications that come while a read is under way set one flag: one
+  more read follows them all, so the reads a second are bounded by the read's own time plus
+  the debounce, not by the rate of changes.
+
+Results are printed and written to ``benchmarks/results/gateway-snapshot-<timestamp>.json``;
+``docs/performance.md`` discusses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import asyncpg
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.domain.model_spec import MAX_COLD_START_S
+from app.gateway.snapshot import build_snapshot
+from app.gateway.source import DEFAULT_DEBOUNCE_S, PostgresSnapshotSource
+from app.gateway.table import GatewaySnapshot
+from app.store.postgres import CHECKPOINT, NOTIFY_CHANNEL
+from app.store.routing_rows import _READ_ROWS, EXPIRED_KEYS_KEPT, RoutingRows, read_routing_rows
+from benchmarks.common import (
+    BenchServer,
+    Machine,
+    bench_server,
+    describe_machine,
+    format_table,
+    fresh_database,
+    load_average,
+    median,
+    percentile,
+    runtime_url,
+    settle,
+    stop_on_sigterm,
+    write_results,
+)
+
+MODELS = 40
+KEYS = 100
+LIVE_PER_NODE = 4
+STATEMENT_TIMEOUT_S = 60.0
+JSON_COLUMNS = (
+    "declared",
+    "created",
+    "canaries",
+    "cold_starts",
+    "policies",
+    "apis",
+    "start_failures",
+    "scaled_to_zero",
+    "starting",
+    "routes",
+    "keys",
+)
+
+
+class Churn(msgspec.Struct, frozen=True, kw_only=True):
+    """A gateway's reads while the projection changes ``changes_per_s`` times a second."""
+
+    changes_per_s: float
+    """Asked for."""
+    changes: int
+    """Made, in ``seconds``."""
+    seconds: float
+    reads: int
+    reads_per_s: float
+    changes_per_read: float
+    statement_share: float
+    """Of one database connection's time, this gateway's reads took about this share:
+    reads a second times the statement's median."""
+
+
+class Size(msgspec.Struct, frozen=True, kw_only=True):
+    live_replicas: int
+    ended_replicas: int
+    nodes: int
+    seed_s: float
+    routes: int
+    answer_bytes: int
+    routes_bytes: int
+    statement_median_ms: float
+    statement_p90_ms: float
+    build_median_ms: float
+    build_p90_ms: float
+    load_average: tuple[float, float, float]
+    churn: list[Churn] = []
+    plan: list[str] = []
+
+
+class Results(msgspec.Struct, frozen=True, kw_only=True):
+    benchmark: str
+    started_at: str
+    command: str
+    server: str
+    machine: Machine | None
+    repeat: int
+    debounce_s: float
+    sizes: list[Size]
+
+
+# -- seeding -------------------------------------------------------------------------------
+
+_SEED = (
+    """
+    INSERT INTO models (name, engine, command, gpus_per_shard, gpu_memory_gib,
+                        shards_per_replica, desired_replicas, removed, weight, target_waiting,
+                        kv_ceiling, spec, replicas_created, declared_at)
+    SELECT 'model-' || m, 'vllm', 'vllm serve --port {port}', 1, 0, 1, :live / :models, false, 1, 4,
+           0.9, '{}'::jsonb, (:live + :ended) / :models, now()
+    FROM generate_series(0, :models - 1) m
+    """,
+    """
+    INSERT INTO nodes (id, address, remote_address, labels, gpus, gpu_count,
+                       healthy_gpu_count, agent_version, port_lo, port_hi, connected, lost,
+                       cordoned, registered_at)
+    SELECT 'gpu-' || n, '10.' || (n / 65536) || '.' || (n / 256 % 256) || '.' || (n % 256),
+           '10.' || (n / 65536) || '.' || (n / 256 % 256) || '.' || (n % 256), '{}', '[]',
+           8, 8, 'bench', 20000, 20999, true, false, false, now()
+    FROM generate_series(0, :nodes - 1) n
+    """,
+    # Live and ended replicas interleaved, as a fleet that has replaced its replicas over
+    # time has them: every (ended per live + 1)-th is live.
+    """
+    INSERT INTO replicas (id, model, number, phase, routable, placed_at, reason,
+                          serving_since, ended_at, end_reason)
+    SELECT 'model-' || (i % :models) || '-' || (i / :models + 1), 'model-' || (i % :models),
+           i / :models + 1,
+           CASE WHEN live THEN 'serving' ELSE 'stopped' END, live, now(), 'scale',
+           now(), CASE WHEN live THEN NULL ELSE now() END,
+           CASE WHEN live THEN NULL ELSE 'replaced' END
+    FROM (SELECT i, i % (:ended / :live + 1) = 0 AS live
+          FROM generate_series(0, :live + :ended - 1) i) r
+    """,
+    """
+    INSERT INTO shards (replica_id, shard_index, node_id, gpus, port, phase, came_up,
+                        log_tail)
+    SELECT id, 0, 'gpu-' || (i % :nodes), jsonb_build_array(i / :nodes % 8), 20000 + i / :nodes,
+           CASE WHEN routable THEN 'ready' ELSE 'stopped' END, true, '[]'
+    FROM (SELECT id, routable, row_number() OVER (ORDER BY id) - 1 AS i FROM replicas) r
+    """,
+    """
+    INSERT INTO api_keys (id, name, prefix, secret_hash, models, rpm, tpm, created_at,
+                          created_by)
+    SELECT 'key-' || k, 'bench key ' || k, 'llmgw_' || lpad(k::text, 6, '0'),
+           md5(k::text), '[]', 600, NULL, now(), 'bench'
+    FROM generate_series(0, :keys - 1) k
+    """,
+)
+
+
+async def seed(db: asyncpg.Connection, live: int, ended: int, nodes: int) -> None:
+    """The projection tables of a fleet of ``live`` serving replicas and ``ended`` stopped
+    ones, written straight in (what the fold would write, without folding the history)."""
+    sizes = {":live": live, ":models": MODELS, ":ended": ended, ":nodes": nodes, ":keys": KEYS}
+    async with db.transaction():
+        for statement in _SEED:
+            for name, value in sizes.items():  # whole numbers, written in as literals
+                statement = statement.replace(name, str(value))
+            await db.execute(statement)
+        await db.execute(
+            "UPDATE projection_checkpoints SET position = 1 WHERE name = $1", CHECKPOINT
+        )
+
+
+# -- measuring -----------------------------------------------------------------------------
+
+
+def snapshot_of(rows: RoutingRows) -> GatewaySnapshot:
+    """What ``app.gateway.snapshot.read_snapshot`` builds from the rows."""
+    return build_snapshot(
+        rows.position,
+        rows.declared,
+        rows.routes,
+        rows.keys,
+        time.monotonic(),
+        canaries=rows.canaries,
+        cold_starts=rows.cold_starts,
+        start_failures=rows.start_failures,
+        scaled_to_zero=rows.scaled_to_zero,
+        starting=rows.starting,
+        policies=rows.policies,
+        apis=rows.apis,
+        created=rows.created,
+    )
+
+
+async def answer_bytes(db: asyncpg.Connection) -> tuple[int, int]:
+    """The bytes of the statement's JSON columns, all of them and the routes alone."""
+    row = await db.fetchrow(_READ_ROWS, CHECKPOINT, MAX_COLD_START_S, EXPIRED_KEYS_KEPT)
+    assert row is not None
+    sizes = {name: len(str(row[name]).encode()) for name in JSON_COLUMNS}
+    return sum(sizes.values()), sizes["routes"]
+
+
+async def plan(db: asyncpg.Connection) -> list[str]:
+    rows = await db.fetch(
+        "EXPLAIN (ANALYZE, BUFFERS) " + _READ_ROWS, CHECKPOINT, MAX_COLD_START_S, EXPIRED_KEYS_KEPT
+    )
+    return [str(r[0]) for r in rows]
+
+
+async def time_reads(db: asyncpg.Connection, repeat: int) -> tuple[list[float], list[float], int]:
+    """Milliseconds of each statement and of each build, and the routes read."""
+    for _ in range(3):  # warm the caches and the prepared statement
+        await read_routing_rows(db, within_s=STATEMENT_TIMEOUT_S)
+    statement_ms, build_ms = [], []
+    routes = 0
+    for _ in range(repeat):
+        started = time.perf_counter()
+        rows = await read_routing_rows(db, within_s=STATEMENT_TIMEOUT_S)
+        read = time.perf_counter()
+        snapshot_of(rows)
+        built = time.perf_counter()
+        statement_ms.append((read - started) * 1000)
+        build_ms.append((built - read) * 1000)
+        routes = len(rows.routes)
+    return statement_ms, build_ms, routes
+
+
+_CHANGE = """
+WITH moved AS (
+  UPDATE projection_checkpoints SET position = position + 1 WHERE name = $1
+  RETURNING position),
+changed AS (
+  UPDATE replicas SET weight = (SELECT position FROM moved) % 7 + 1 WHERE id = $2)
+SELECT pg_notify($3, position::text) FROM moved
+"""
+
+
+async def churn(
+    owner: asyncpg.Connection, url: str, rate: float, seconds: float, statement_ms: float
+) -> Churn:
+    """A gateway source following the database while ``rate`` changes a second land."""
+    source = PostgresSnapshotSource(url, gateway_id="bench", query_timeout_s=STATEMENT_TIMEOUT_S)
+    await source.start(wait_s=STATEMENT_TIMEOUT_S)
+    try:
+        loads = source.loads
+        started = time.perf_counter()
+        changes = 0
+        while (elapsed := time.perf_counter() - started) < seconds:
+            await owner.execute(_CHANGE, CHECKPOINT, "model-0-1", NOTIFY_CHANNEL)
+            changes += 1
+            await asyncio.sleep(max(0.0, changes / rate - (time.perf_counter() - started)))
+        reads = source.loads - loads
+    finally:
+        await source.close()
+    reads_per_s = reads / elapsed
+    return Churn(
+        changes_per_s=rate,
+        changes=changes,
+        seconds=round(elapsed, 2),
+        reads=reads,
+        reads_per_s=round(reads_per_s, 2),
+        changes_per_read=round(changes / reads, 1) if reads else float("inf"),
+        statement_share=round(reads_per_s * statement_ms / 1000, 3),
+    )
+
+
+async def measure(
+    server: BenchServer, live: int, arguments: argparse.Namespace, explain: bool
+) -> tuple[Size, Machine]:
+    ended = live * arguments.ended_per_live
+    nodes = max(1, live // LIVE_PER_NODE)
+    async with fresh_database(server) as url:
+        machine = await describe_machine(url)
+        owner = await asyncpg.connect(url)
+        gateway = await asyncpg.connect(runtime_url(url))
+        try:
+            started = time.perf_counter()
+            await seed(owner, live, ended, nodes)
+            await settle(owner)
+            seed_s = round(time.perf_counter() - started, 1)
+            statement_ms, build_ms, routes = await time_reads(gateway, arguments.repeat)
+            total, routes_bytes = await answer_bytes(gateway)
+            plan_lines = await plan(owner) if explain else []
+            statement_median = median(statement_ms)
+            churns = [
+                await churn(owner, runtime_url(url), rate, arguments.churn_s, statement_median)
+                for rate in arguments.rates
+            ]
+        finally:
+            await gateway.close()
+            await owner.close()
+    size = Size(
+        live_replicas=live,
+        ended_replicas=ended,
+        nodes=nodes,
+        seed_s=seed_s,
+        routes=routes,
+        answer_bytes=total,
+        routes_bytes=routes_bytes,
+        statement_median_ms=round(statement_median, 2),
+        statement_p90_ms=round(percentile(statement_ms, 90), 2),
+        build_median_ms=round(median(build_ms), 2),
+        build_p90_ms=round(percentile(build_ms, 90), 2),
+        load_average=load_average(),
+        churn=churns,
+        plan=plan_lines,
+    )
+    return size, machine
+
+
+async def run(server: BenchServer, arguments: argparse.Namespace) -> Results:
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    sizes: list[Size] = []
+    machine: Machine | None = None
+    largest = max(arguments.sizes)
+    for live in arguments.sizes:
+        print(f"{live:,} live replicas (load average {load_average()})", flush=True)
+        size, machine = await measure(server, live, arguments, explain=live == largest)
+        sizes.append(size)
+    return Results(
+        benchmark="gateway-snapshot",
+        started_at=started_at,
+        command=" ".join(["python", *sys.argv]),
+        server=server.description,
+        machine=machine,
+        repeat=arguments.repeat,
+        debounce_s=DEFAULT_DEBOUNCE_S,
+        sizes=sizes,
+    )
+
+
+# -- reporting -----------------------------------------------------------------------------
+
+
+def report(results: Results) -> str:
+    lines = [results.command, ""]
+    rows = [
+        [
+            f"{s.live_replicas:,} live + {s.ended_replicas:,} ended, {s.nodes:,} nodes",
+            f"{s.statement_median_ms:.1f}",
+            f"{s.statement_p90_ms:.1f}",
+            f"{s.build_median_ms:.1f}",
+            f"{s.build_p90_ms:.1f}",
+            f"{s.answer_bytes / 1024:,.0f}",
+            f"{s.routes:,}",
+        ]
+        for s in results.sizes
+    ]
+    headers = ["fleet", "statement ms", "p90", "build ms", "p90", "answer KiB", "routes"]
+    lines.append(format_table(headers, rows))
+    churn_rows = [
+        [
+            f"{s.live_replicas:,} live, {c.changes_per_s:g} changes/s",
+            f"{c.changes / c.seconds:.1f}",
+            f"{c.reads_per_s:.2f}",
+            f"{c.changes_per_read:.1f}",
+            f"{c.statement_share:.3f}",
+        ]
+        for s in results.sizes
+        for c in s.churn
+    ]
+    if churn_rows:
+        lines += ["", "one gateway under a churning fleet:"]
+        headers = ["fleet", "changes/s", "reads/s", "changes/read", "db share"]
+        lines.append(format_table(headers, churn_rows))
+        lines.append("db share: reads/s x statement median, of one connection's time, per gateway")
+    for s in results.sizes:
+        if s.plan:
+            lines += ["", f"plan at {s.live_replicas:,} live replicas:", *s.plan]
+    lines.append(f"load average: {load_average()}")
+    return "\n".join(lines)
+
+
+def counts(text: str) -> list[int]:
+    try:
+        values = [int(item.replace("_", "")) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of counts") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: each must be at least 1")
+    return values
+
+
+def rates(text: str) -> list[float]:
+    try:
+        values = [float(item) for item in text.split(",") if item]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of rates") from None
+    if any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: each rate must be above 0")
+    return values
+
+
+def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=counts, default=counts("1000,5000,20000"))
+    parser.add_argument("--ended-per-live", type=int, default=2, choices=range(0, 11))
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--rates", type=rates, default=rates("10,100"), help="'': no churn")
+    parser.add_argument("--churn-s", type=float, default=10.0)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    stop_on_sigterm()
+    arguments = parse_arguments(argv)
+    with bench_server() as server:
+        results = asyncio.run(run(server, arguments))
+    print(report(results))
+    print(f"results: {write_results('gateway-snapshot', results)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
