@@ -25,7 +25,10 @@ other's requests. The second one finds the row held and writes under a key of it
 
 A row is the writer's word, so a reader takes it as hostile: ``traffic`` is decoded per
 replica and ``queued`` per model into bounded types, and a piece that is too big or
-malformed is skipped (and logged), never a failure of the reader; ``ejected`` likewise
+malformed is skipped (and logged: each gateway id and part of its row at most once a
+``LOG_INTERVAL_S`` a reader, with how many of its refusals went unlogged since, since the
+control plane reads the rows several times a second and a bad row stays until its
+gateway writes another), never a failure of the reader; ``ejected`` likewise
 per replica, and ``traffic.left_out`` (what a report past ``MAX_REPORTED_REPLICAS`` says of
 the replicas it leaves out, ``app.domain.traffic_left_out``; absent from an older
 gateway's row) as one piece, which, malformed or too big, is read as naming any model
@@ -36,6 +39,7 @@ row that is not an object adds nothing.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
 from typing import Annotated, NamedTuple
@@ -45,6 +49,7 @@ import msgspec
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.domain.log_throttle import LogThrottle
 from app.domain.model_spec import NAME_PATTERN
 from app.domain.reports import SILENT_HOLD_S, GatewaysInFlight
 from app.domain.traffic import ReplicaTraffic, TrafficFigures, WindowSeconds
@@ -86,6 +91,15 @@ MAX_LEFT_OUT_REPORT_BYTES = 256 * 1024
 MAX_EJECTED_IN_A_ROW = 1_000_000
 MAX_EJECTED_REPORT_BYTES = 640 * 1024
 """2,000 replicas of the longest ids with their counts fit in less."""
+
+LOG_INTERVAL_S = 60.0
+"""A reader logs what it refused of one gateway id's part of a row at most once this often:
+it reads the rows several times a second, and a bad row stays until its gateway writes
+another."""
+MAX_THROTTLED_PARTS = 4096
+"""Gateway ids and parts whose last refusal a reader remembers, the longest quiet forgotten
+first: a few per gateway of a large fleet, and bounded whatever ids rows claim (one
+forgotten is logged again at its next refusal)."""
 
 ReplicaId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REPLICA_ID_CHARS)]
 QueuedCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_QUEUED_PER_MODEL)]
@@ -389,9 +403,18 @@ async def delete_report(
 class TrafficReports:
     """The admin API's reader: a replica's traffic, merged over every live gateway."""
 
-    def __init__(self, engine: AsyncEngine, max_age_s: float = REPORT_MAX_AGE_S) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        max_age_s: float = REPORT_MAX_AGE_S,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock``: monotonic seconds, by which refusals are logged at most once a
+        ``LOG_INTERVAL_S`` per gateway id and part."""
         self._engine = engine
         self._max_age_s = max_age_s
+        self._refused = RefusalLog(clock)
 
     async def replica_traffic(self, replica_id: str) -> TrafficFigures | None:
         """None when no live gateway reports traffic at all; figures of zero requests when
@@ -411,11 +434,13 @@ class TrafficReports:
             )
         seen: list[GatewayTraffic] = []
         for row in rows:
-            decoded = _decode_replicas(row["gateway_id"], row["window_s"], row["replicas"])
+            decoded = _decode_replicas(
+                self._refused, row["gateway_id"], row["window_s"], row["replicas"]
+            )
             if decoded is not None:
                 window_s, parts = decoded
                 left_out = _decode_left_out_part(
-                    row["gateway_id"], row["left_out_size"], row["left_out"]
+                    self._refused, row["gateway_id"], row["left_out_size"], row["left_out"]
                 )
                 seen.append(GatewayTraffic(window_s, parts, left_out))
         return figures_of_groups(groups, seen)
@@ -430,7 +455,7 @@ class TrafficReports:
         gateways = 0
         ejected_by: dict[str, int] = {}
         for row in rows:
-            ejected = _decode_ejected(row["gateway_id"], row["size"], row["ejected"])
+            ejected = _decode_ejected(self._refused, row["gateway_id"], row["size"], row["ejected"])
             if ejected is None:
                 continue
             gateways += 1
@@ -471,14 +496,14 @@ class InFlightReports(TrafficReports):
             rows = await db.fetch(_QUEUED_RECENT, self._max_age_s, MAX_QUEUED_REPORT_BYTES)
         totals: dict[str, int] = {}
         for row in rows:
-            queued = _decode_queued(row["gateway_id"], row["size"], row["queued"])
+            queued = _decode_queued(self._refused, row["gateway_id"], row["size"], row["queued"])
             for model, count in queued.items():
                 totals[model] = totals.get(model, 0) + count
         return {model: count for model, count in totals.items() if count > 0}
 
 
 def _decode_left_out_part(
-    gateway_id: str, size: int | None, document: str | None
+    refused: RefusalLog, gateway_id: str, size: int | None, document: str | None
 ) -> LeftOut | None:
     """What a gateway's report says of the replicas it left out; None when it says nothing
     (it left none out, or wrote before reports said so). What it says malformed or too big
@@ -491,12 +516,14 @@ def _decode_left_out_part(
             raise ValueError(f"{size} bytes of left out replicas, over {MAX_LEFT_OUT_REPORT_BYTES}")
         return _decode_left_out(document)
     except (msgspec.DecodeError, ValueError) as exc:
-        _log_refused(gateway_id, f"left out replicas unread, any model taken for one: {exc}")
+        refused.log(
+            gateway_id, "left_out", f"left out replicas unread, any model taken for one: {exc}"
+        )
         return UNREADABLE
 
 
 def _decode_replicas(
-    gateway_id: str, window: str | None, replicas: str | None
+    refused: RefusalLog, gateway_id: str, window: str | None, replicas: str | None
 ) -> tuple[float, dict[str, ReplicaTraffic]] | None:
     """A gateway's window and its figures of the replicas asked for; None (logged) when any
     of it is malformed or too big: the gateway's row is not taken then."""
@@ -511,7 +538,7 @@ def _decode_replicas(
                 raise ValueError(f"{len(piece)} bytes of figures for one replica")
             parts[replica_id] = _decode_replica(piece)
     except (msgspec.DecodeError, ValueError) as exc:
-        _log_refused(gateway_id, str(exc))
+        refused.log(gateway_id, "traffic", str(exc))
         return None
     return window_s, parts
 
@@ -520,28 +547,35 @@ class _EntriesPart(NamedTuple):
     """A part of a gateway's row that maps names to counts: what the log calls it and its
     entries, and its bounds."""
 
+    column: str
     name: str
     entries: str
     max_bytes: int
     most: int
 
 
-_QUEUED = _EntriesPart("queued counts", "models", MAX_QUEUED_REPORT_BYTES, MAX_REPORTED_MODELS)
+_QUEUED = _EntriesPart(
+    "queued", "queued counts", "models", MAX_QUEUED_REPORT_BYTES, MAX_REPORTED_MODELS
+)
 _EJECTED = _EntriesPart(
-    "ejected replicas", "replicas", MAX_EJECTED_REPORT_BYTES, MAX_REPORTED_REPLICAS
+    "ejected", "ejected replicas", "replicas", MAX_EJECTED_REPORT_BYTES, MAX_REPORTED_REPLICAS
 )
 
 
-def _decode_queued(gateway_id: str, size: int, document: str | None) -> dict[str, int]:
+def _decode_queued(
+    refused: RefusalLog, gateway_id: str, size: int, document: str | None
+) -> dict[str, int]:
     """A gateway's queued counts by model: what of it fits (the rest logged, never
     raised)."""
-    return _decode_entries(gateway_id, size, document, _QUEUED, _queued_count) or {}
+    return _decode_entries(refused, gateway_id, size, document, _QUEUED, _queued_count) or {}
 
 
-def _decode_ejected(gateway_id: str, size: int, document: str | None) -> list[str] | None:
+def _decode_ejected(
+    refused: RefusalLog, gateway_id: str, size: int, document: str | None
+) -> list[str] | None:
     """The replicas a gateway ejects: what of it is well formed (the rest logged, never
     raised); None when the row is not taken at all."""
-    ejected = _decode_entries(gateway_id, size, document, _EJECTED, _ejections_in_a_row)
+    ejected = _decode_entries(refused, gateway_id, size, document, _EJECTED, _ejections_in_a_row)
     return None if ejected is None else list(ejected)
 
 
@@ -558,6 +592,7 @@ def _ejections_in_a_row(replica_id: str, piece: msgspec.Raw) -> int:
 
 
 def _decode_entries(
+    log_refused: RefusalLog,
     gateway_id: str,
     size: int,
     document: str | None,
@@ -572,7 +607,7 @@ def _decode_entries(
             raise ValueError(f"{size} bytes of {part.name}, over {part.max_bytes}")
         raw = _decode_raw_pieces(document)
     except (msgspec.DecodeError, ValueError) as exc:
-        _log_refused(gateway_id, str(exc))
+        log_refused.log(gateway_id, part.column, str(exc))
         return None
     taken: dict[str, int] = {}
     refused: list[str] = []
@@ -585,15 +620,36 @@ def _decode_entries(
         except (msgspec.DecodeError, ValueError) as exc:
             refused.append(f"{key[:100]!r}: {exc}")
     if refused:
-        _log_refused(
+        log_refused.log(
             gateway_id,
+            part.column,
             f"{part.name} skipped: {'; '.join(refused[:5])}",
             skipped=len(raw) - len(taken),
         )
     return taken
 
 
-def _log_refused(gateway_id: str, error: str, **counts: int) -> None:
-    """A gateway's report, or some of it, refused: logged with the gateway's id and why,
-    both bounded, as a gateway wrote them."""
-    log.warning("gateway_report_refused", gateway_id=gateway_id[:200], error=error[:500], **counts)
+class RefusalLog:
+    """Logs what a reader refused of gateways' rows (``gateway_report_refused``), the
+    gateway's id and why both bounded, as a gateway wrote them: each gateway id and part
+    at most once a ``LOG_INTERVAL_S``, with how many went unlogged since
+    (``refused_unlogged``), and at most ``MAX_THROTTLED_PARTS`` of them remembered,
+    whatever ids the rows claim. ``clock``: monotonic seconds."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._throttle = LogThrottle(LOG_INTERVAL_S, MAX_THROTTLED_PARTS)
+
+    def log(self, gateway_id: str, part: str, error: str, **counts: int) -> None:
+        gateway_id = gateway_id[:200]
+        unlogged = self._throttle.admit((gateway_id, part), self._clock())
+        if unlogged is None:
+            return
+        log.warning(
+            "gateway_report_refused",
+            gateway_id=gateway_id,
+            part=part,
+            error=error[:500],
+            refused_unlogged=unlogged,
+            **counts,
+        )
