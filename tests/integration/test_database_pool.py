@@ -3,6 +3,7 @@ every one dropped, on a real PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -156,3 +157,38 @@ async def test_the_next_tests_database_is_ready_while_this_one_runs(
     database_pool: DatabasePool, database_url: str
 ) -> None:
     await wait_until(lambda: database_pool.ready == POOL_SIZE, what="the next databases cloned")
+
+
+async def test_a_take_cancelled_as_its_clone_lands_leaves_the_database_ready(
+    postgres_server: PostgresServer, template: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test cancelled (or timed out) while it waits in ``take()``, just as the clone it
+    waits for lands, takes nothing: the clone stays ready for the next test, and the pool
+    keeps its room to clone more (lost, a pool of one would hang every later test)."""
+    pool = DatabasePool(postgres_server, template, size=1, prefix=prefix)
+    loop = asyncio.get_running_loop()
+    clone = postgres_server.create_database
+    waiting: list[asyncio.Task[str]] = []
+
+    async def clone_then_cancel_the_taker(name: str, template: str | None = None) -> None:
+        await clone(name, template=template)
+        if waiting:  # cancelled once the clone is handed over, before the taker resumes
+            loop.call_soon(loop.call_soon, waiting[0].cancel)
+
+    pool.start()
+    try:
+        first = await pool.take()  # the next clone starts now
+        monkeypatch.setattr(postgres_server, "create_database", clone_then_cancel_the_taker)
+        waiting.append(asyncio.create_task(pool.take()))
+        with pytest.raises(asyncio.CancelledError):
+            await waiting[0]
+        monkeypatch.undo()
+
+        await wait_until(lambda: pool.ready == 1, what="the clone left ready")
+        second = await pool.take()
+        assert second != first
+        assert await marker_of(postgres_server, second) == "x"
+        await wait_until(lambda: pool.ready == 1, what="the next one cloned")
+    finally:
+        await pool.close()
+    assert await databases_named(postgres_server, prefix) == set()

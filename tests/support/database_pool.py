@@ -47,6 +47,9 @@ class DatabasePool:
         self._room = asyncio.Semaphore(size)
         self._ready: asyncio.Queue[str] = asyncio.Queue()
         self._to_drop: asyncio.Queue[str | None] = asyncio.Queue()
+        self._cloned = asyncio.Event()
+        """Set when a clone is put in ``_ready``: what a ``take()`` that found none waits
+        for."""
         self._owned: set[str] = set()
         """Every database cloned and not yet dropped: what ``close()`` drops."""
         self._closing = False
@@ -63,23 +66,24 @@ class DatabasePool:
         return self._ready.qsize()
 
     async def take(self) -> str:
-        """The name of a database cloned from the template that no one else was given."""
+        """The name of a database cloned from the template that no one else was given. A
+        caller cancelled while it waits (a test that timed out) takes none: the clone it
+        waited for stays ready for the next, and the pool's room to clone with it."""
         cloner, dropper = self._tasks()
         _raise_if_failed(dropper)
-        if self._ready.empty():
-            getter = asyncio.ensure_future(self._ready.get())
-            try:
-                done, _ = await asyncio.wait({getter, cloner}, return_when=asyncio.FIRST_COMPLETED)
-            except BaseException:  # the test was cancelled: no database is taken
-                getter.cancel()
-                raise
-            if getter not in done:
-                getter.cancel()
+        while self._ready.empty():
+            if cloner.done():
                 _raise_if_failed(cloner)
                 raise RuntimeError("the database pool stopped cloning")
-            name = getter.result()
-        else:
-            name = self._ready.get_nowait()
+            # Wait for a clone, but take it only below, with no await between taking it
+            # and returning it: a test cancelled while it waits takes nothing.
+            self._cloned.clear()
+            cloned = asyncio.ensure_future(self._cloned.wait())
+            try:
+                await asyncio.wait({cloned, cloner}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                cloned.cancel()
+        name = self._ready.get_nowait()
         self._room.release()
         return name
 
@@ -124,6 +128,7 @@ class DatabasePool:
             self._owned.add(name)
             await self._server.create_database(name, template=self._template)
             self._ready.put_nowait(name)
+            self._cloned.set()
 
     async def _drop_given_back(self) -> None:
         while (name := await self._to_drop.get()) is not None:
