@@ -192,3 +192,39 @@ async def test_a_take_cancelled_as_its_clone_lands_leaves_the_database_ready(
     finally:
         await pool.close()
     assert await databases_named(postgres_server, prefix) == set()
+
+
+async def take_or_none(pool: DatabasePool) -> str | None:
+    try:
+        return await pool.take()
+    except asyncpg.InvalidCatalogNameError:
+        return None
+
+
+async def test_a_clone_that_fails_fails_only_the_test_that_takes_it(
+    postgres_server: PostgresServer, prefix: str
+) -> None:
+    """A server short of room (or a template briefly held) fails one clone: the test that
+    takes it fails, as when each test cloned its own, and the next test gets a clone
+    made after it, not the same failure for the rest of the session."""
+    template = unique_database_name("llmgw_pool_late_template")
+    pool = DatabasePool(postgres_server, template, size=1, prefix=prefix)
+    pool.start()
+    try:
+        with pytest.raises(asyncpg.InvalidCatalogNameError):
+            await pool.take()
+        await postgres_server.create_database(template)
+
+        # The clone tried while the test above failed may have been under way before the
+        # template was made: the one after it is not.
+        taken = [name for name in [await take_or_none(pool), await take_or_none(pool)] if name]
+
+        assert taken, "no clone after the template was made"
+        assert taken[0].startswith(prefix)
+        for name in taken:
+            pool.give_back(name)
+    finally:
+        with pytest.raises(asyncpg.InvalidCatalogNameError):  # said again at the end
+            await pool.close()
+        await postgres_server.drop_database(template)
+    assert await databases_named(postgres_server, prefix) == set()

@@ -6,7 +6,9 @@ own while a test runs, which mostly waits on processes and sockets, and drops th
 databases given back the same way; a test then takes a database that is already there.
 
 Each database is taken by one test only and never handed out again, so tests stay as
-independent as when each cloned its own. Every database the pool clones is dropped by
+independent as when each cloned its own. A clone that fails (a server short of room, a
+template someone is connected to) fails the one test that takes it, as its own clone
+would have, and the pool clones again for the next. Every database the pool clones is dropped by
 ``close()``, taken or not, given back or not.
 
 Each statement goes on a connection of its own (``PostgresServer``'s): while a clone's
@@ -17,6 +19,7 @@ waited for ever for it to accept a ProcSignalBarrier (PostgreSQL 15.18, in the b
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
 from tests.support.postgres import PostgresServer, unique_database_name
 
@@ -28,8 +31,9 @@ class DatabasePool:
     """Clones of ``template`` on ``server``, ``size`` of them kept ready.
 
     ``start()`` and every other method run on one event loop: the pool's tasks run on it,
-    while a test awaits. A clone or a drop that fails is raised by the next ``take()`` or
-    ``give_back()`` and by ``close()``, not lost in the background.
+    while a test awaits. A clone that fails is raised by the ``take()`` that comes to it,
+    a drop that fails by the next ``give_back()``, and the first of either by ``close()``:
+    none is lost in the background.
     """
 
     def __init__(
@@ -45,11 +49,13 @@ class DatabasePool:
         self._template = template
         self._prefix = prefix
         self._room = asyncio.Semaphore(size)
-        self._ready: asyncio.Queue[str] = asyncio.Queue()
+        self._ready: deque[str | Exception] = deque()
+        """Clones made ahead, or why one failed, in the order the tests take them."""
+        self._first_failure: Exception | None = None
         self._to_drop: asyncio.Queue[str | None] = asyncio.Queue()
         self._cloned = asyncio.Event()
-        """Set when a clone is put in ``_ready``: what a ``take()`` that found none waits
-        for."""
+        """Set when a clone, or why one failed, is put in ``_ready``: what a ``take()``
+        that found none waits for."""
         self._owned: set[str] = set()
         """Every database cloned and not yet dropped: what ``close()`` drops."""
         self._closing = False
@@ -63,7 +69,7 @@ class DatabasePool:
     @property
     def ready(self) -> int:
         """How many cloned databases wait for a test."""
-        return self._ready.qsize()
+        return sum(isinstance(entry, str) for entry in self._ready)
 
     async def take(self) -> str:
         """The name of a database cloned from the template that no one else was given. A
@@ -71,7 +77,7 @@ class DatabasePool:
         waited for stays ready for the next, and the pool's room to clone with it."""
         cloner, dropper = self._tasks()
         _raise_if_failed(dropper)
-        while self._ready.empty():
+        while not self._ready:
             if cloner.done():
                 _raise_if_failed(cloner)
                 raise RuntimeError("the database pool stopped cloning")
@@ -83,9 +89,11 @@ class DatabasePool:
                 await asyncio.wait({cloned, cloner}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 cloned.cancel()
-        name = self._ready.get_nowait()
+        entry = self._ready.popleft()
         self._room.release()
-        return name
+        if isinstance(entry, Exception):
+            raise entry
+        return entry
 
     def give_back(self, name: str) -> None:
         """Drop ``name`` (taken from this pool) in the background."""
@@ -113,6 +121,8 @@ class DatabasePool:
         self._owned.clear()
         if errors:
             raise errors[0]
+        if self._first_failure is not None:
+            raise self._first_failure
 
     def _tasks(self) -> tuple[asyncio.Task[None], asyncio.Task[None]]:
         if self._cloner is None or self._dropper is None:
@@ -126,8 +136,13 @@ class DatabasePool:
                 return
             name = unique_database_name(self._prefix)
             self._owned.add(name)
-            await self._server.create_database(name, template=self._template)
-            self._ready.put_nowait(name)
+            try:
+                await self._server.create_database(name, template=self._template)
+            except Exception as exc:  # the failure of the test that takes it, not all
+                self._first_failure = self._first_failure or exc
+                self._ready.append(exc)
+            else:
+                self._ready.append(name)
             self._cloned.set()
 
     async def _drop_given_back(self) -> None:
