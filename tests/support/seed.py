@@ -74,7 +74,8 @@ from app.domain.model_spec import ModelSpec
 from app.store.database import create_engine
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
-from tests.support.postgres import PostgresServer, unique_database_name
+from tests.support.database_pool import DatabasePool
+from tests.support.postgres import PostgresServer
 
 RECONCILER = "reconciler"
 AGENT_HUB = "agent-hub"
@@ -207,12 +208,12 @@ class SeededDatabase:
 
 @asynccontextmanager
 async def seeded_database(
-    server: PostgresServer, migrated_template: str
+    server: PostgresServer, pool: DatabasePool
 ) -> AsyncIterator[SeededDatabase]:
-    """A new database holding the story, dropped on exit; for tests that only read it, or
-    add events about entities the story does not know."""
-    name = unique_database_name("llmgw_seeded")
-    await server.create_database(name, template=migrated_template)
+    """A new database holding the story, taken from the tests' pool of fresh clones and
+    given back (dropped) on exit; for tests that only read it, or add events about entities
+    the story does not know."""
+    name = await pool.take()
     try:
         engine = create_engine(server.url(name), pool_size=1)
         try:
@@ -221,7 +222,7 @@ async def seeded_database(
             await engine.dispose()
         yield SeededDatabase(server.url(name), story)
     finally:
-        await server.drop_database(name)
+        pool.give_back(name)
 
 
 async def _setting_up(record: _Recorder) -> None:
