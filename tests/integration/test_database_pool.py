@@ -228,3 +228,45 @@ async def test_a_clone_that_fails_fails_only_the_test_that_takes_it(
             await pool.close()
         await postgres_server.drop_database(template)
     assert await databases_named(postgres_server, prefix) == set()
+
+
+async def set_template(server: PostgresServer, database: str, is_template: bool) -> None:
+    connection = await asyncpg.connect(server.admin_url)
+    try:
+        await connection.execute(
+            f'ALTER DATABASE "{database}" WITH IS_TEMPLATE {str(is_template).lower()}'
+        )
+    finally:
+        await connection.close()
+
+
+async def test_a_drop_that_fails_fails_only_the_teardown_that_comes_to_it(
+    postgres_server: PostgresServer, template: str, prefix: str
+) -> None:
+    """A database that cannot be dropped (PostgreSQL refuses to drop a template) fails one
+    teardown, the next, as when each test dropped its own; the databases given back
+    around it are dropped, and it is tried again at the end."""
+    pool = DatabasePool(postgres_server, template, size=2, prefix=prefix)
+    pool.start()
+    try:
+        stuck, other = await pool.take(), await pool.take()
+        await set_template(postgres_server, stuck, True)
+        pool.give_back(stuck)
+        pool.give_back(other)
+
+        async def dropped(name: str) -> bool:
+            return name not in await databases_named(postgres_server, prefix)
+
+        await wait_until(lambda: dropped(other), what="the database given back after it dropped")
+
+        third = await pool.take()
+        with pytest.raises(asyncpg.WrongObjectTypeError):
+            pool.give_back(third)  # the teardown that comes next is told of it
+        await wait_until(lambda: dropped(third), what="the database of that teardown dropped")
+        pool.give_back(await pool.take())  # told once: the next teardown goes through
+        assert not await dropped(stuck)
+    finally:
+        await set_template(postgres_server, stuck, False)
+        with pytest.raises(asyncpg.WrongObjectTypeError):  # said again at the end
+            await pool.close()
+    assert await databases_named(postgres_server, prefix) == set()

@@ -32,8 +32,9 @@ class DatabasePool:
 
     ``start()`` and every other method run on one event loop: the pool's tasks run on it,
     while a test awaits. A clone that fails is raised by the ``take()`` that comes to it,
-    a drop that fails by the next ``give_back()``, and the first of either by ``close()``:
-    none is lost in the background.
+    a drop that fails by the next ``give_back()`` (once: the drops after it go on, and
+    ``close()`` tries that database again), and the first of either by ``close()``: none is
+    lost in the background.
     """
 
     def __init__(
@@ -52,6 +53,8 @@ class DatabasePool:
         self._ready: deque[str | Exception] = deque()
         """Clones made ahead, or why one failed, in the order the tests take them."""
         self._first_failure: Exception | None = None
+        self._drop_failures: deque[Exception] = deque()
+        """Drops that failed, each told to the ``give_back()`` that comes next."""
         self._to_drop: asyncio.Queue[str | None] = asyncio.Queue()
         self._cloned = asyncio.Event()
         """Set when a clone, or why one failed, is put in ``_ready``: what a ``take()``
@@ -96,12 +99,15 @@ class DatabasePool:
         return entry
 
     def give_back(self, name: str) -> None:
-        """Drop ``name`` (taken from this pool) in the background."""
+        """Drop ``name`` (taken from this pool) in the background; raises the failure of a
+        drop given back earlier, if one failed since."""
         _, dropper = self._tasks()
         _raise_if_failed(dropper)
         if name not in self._owned:
             raise ValueError(f"{name} is not a database of this pool")
         self._to_drop.put_nowait(name)
+        if self._drop_failures:
+            raise self._drop_failures.popleft()
 
     async def close(self) -> None:
         """Stop cloning, and drop every database this pool cloned. The clone in progress
@@ -147,8 +153,13 @@ class DatabasePool:
 
     async def _drop_given_back(self) -> None:
         while (name := await self._to_drop.get()) is not None:
-            await self._server.drop_database(name)
-            self._owned.discard(name)
+            try:
+                await self._server.drop_database(name)
+            except Exception as exc:  # the failure of the teardown that comes next, not all
+                self._first_failure = self._first_failure or exc
+                self._drop_failures.append(exc)  # ``name`` stays owned: close() tries again
+            else:
+                self._owned.discard(name)
 
 
 def _raise_if_failed(task: asyncio.Task[None]) -> None:
