@@ -38,9 +38,10 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from app.domain.log_throttle import LogThrottle
 from app.hub.arrivals import OpeningConnections
 from app.hub.gate import HandshakeGate
-from app.hub.refusals import RefusalThrottle
+from app.hub.refusals import DEFAULT_MAX_KEYS
 from app.listeners.throttle import address_group
 from app.pki import explain_node_certificate_refusal
 from wire.messages import MAX_MESSAGE_BYTES
@@ -98,8 +99,8 @@ class Accepting:
         self._opening = opening
         self._handshake_timeout_s = handshake_timeout_s
         self._close_timeout_s = close_timeout_s
-        self._over_cap = RefusalThrottle(interval_s=OVER_CAP_LOG_INTERVAL_S)
-        self._certificates = RefusalThrottle(interval_s=OVER_CAP_LOG_INTERVAL_S)
+        self._over_cap = LogThrottle(OVER_CAP_LOG_INTERVAL_S, DEFAULT_MAX_KEYS)
+        self._certificates = LogThrottle(OVER_CAP_LOG_INTERVAL_S, DEFAULT_MAX_KEYS)
         self.certificates_refused = 0
         """Handshakes that failed on the client certificate, since the hub was made."""
         self._handshakes: set[asyncio.Task[None]] = set()

@@ -18,7 +18,9 @@ refusal for a key (a certificate and what it claimed) is recorded; later ones wi
 ``interval_s`` are counted, and the count goes with the next one recorded
 (``suppressed``). A certificate that claims a new name at every attempt gets at most
 ``per_group`` recorded a minute all told. Keys are bounded too: past ``max_keys`` the
-longest-quiet one is forgotten, so a flood of names cannot exhaust memory.
+longest-quiet one is forgotten, so a flood of names cannot exhaust memory. Each key's window
+is the one every throttled warning uses (``app.domain.log_throttle``); each group's bound
+is the hub's own.
 ``RefusalThrottle`` and ``CoolDown`` are pure: ``now`` is monotonic seconds, passed in.
 """
 
@@ -37,6 +39,7 @@ import structlog
 from cryptography import x509
 from websockets.asyncio.server import ServerConnection
 
+from app.domain.log_throttle import LogThrottle
 from app.domain.reports import AgentReport
 from app.domain.revocations import PresentedCertificate
 from app.hub.connection import AgentConnection
@@ -57,15 +60,10 @@ RevocationCheck = Callable[[PresentedCertificate], str | None]
 """Why a certificate may no longer connect (it was revoked), or None when it may."""
 
 
-class _Window:
-    __slots__ = ("recorded_at", "suppressed")
-
-    def __init__(self, recorded_at: float) -> None:
-        self.recorded_at = recorded_at
-        self.suppressed = 0
-
-
 class RefusalThrottle:
+    """Which refusals to record: one a key an interval (``LogThrottle``), and of a group's
+    keys, at most ``per_group`` an interval whatever keys it claims."""
+
     def __init__(
         self,
         interval_s: float = DEFAULT_INTERVAL_S,
@@ -75,27 +73,19 @@ class RefusalThrottle:
         self._interval_s = interval_s
         self._max_keys = max_keys
         self._per_group = per_group
-        self._windows: OrderedDict[str, _Window] = OrderedDict()
+        self._keys = LogThrottle(interval_s, max_keys)
         self._groups: OrderedDict[str, list[float]] = OrderedDict()
 
     def admit(self, key: str, now: float, group: str | None = None) -> int | None:
         """None: do not record this refusal (it is counted). Otherwise record it, with the
         number of refusals for ``key`` left unrecorded since the previous one. ``group``
         (the certificate) bounds how many different keys are recorded a minute."""
-        window = self._windows.get(key)
-        if window is not None and now - window.recorded_at < self._interval_s:
-            window.suppressed += 1
-            self._windows.move_to_end(key)
+        if self._keys.holding(key, now):
             return None
         if group is not None and not self._group_admits(group, now):
-            if window is not None:
-                window.suppressed += 1
+            self._keys.hold(key)
             return None
-        suppressed = window.suppressed if window is not None else 0
-        self._windows[key] = _Window(now)
-        self._windows.move_to_end(key)
-        _bound(self._windows, self._max_keys)
-        return suppressed
+        return self._keys.write(key, now)
 
     def _group_admits(self, group: str, now: float) -> bool:
         recent = [t for t in self._groups.get(group, []) if now - t < self._interval_s]
@@ -168,9 +158,9 @@ class Admission:
         self._refusals = refusals or RefusalThrottle()
         self._cool_down = cool_down or CoolDown()
         self._connects = ConnectBudget(connects)
-        self._too_often_lines = RefusalThrottle()
+        self._too_often_lines = LogThrottle(DEFAULT_INTERVAL_S, DEFAULT_MAX_KEYS)
         """When a refusal for connecting too often was last logged, per node."""
-        self._elsewhere_lines = RefusalThrottle()
+        self._elsewhere_lines = LogThrottle(DEFAULT_INTERVAL_S, DEFAULT_MAX_KEYS)
         """When a refusal for a node connected elsewhere was last logged, per node."""
         self.connected_elsewhere = 0
         """Hellos refused since the hub was made: their node's connection still answered."""
