@@ -8,13 +8,13 @@ the refusal's own path; an accepted connection costs nothing more.
 
 The log says each reason at most once a ``LOG_INTERVAL_S``, with how many refusals of that
 reason went unlogged since its last line (``refused_unlogged``): the first refusal after a
-quiet minute is logged at once, the rest of a burst is in the count and in the next line.
+quiet minute is logged at once, the rest of a burst is in the count and in the next line
+(``app.domain.log_throttle``, as every throttled warning).
 Each line is a warning: something refused and handled (docs/operations.md, Logs).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from enum import StrEnum
@@ -22,6 +22,8 @@ from enum import StrEnum
 import structlog
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from app.domain.log_throttle import LogThrottle
 
 LOG_INTERVAL_S = 60.0
 RETRY_AFTER_S = 1.0
@@ -47,15 +49,6 @@ class RefusalReason(StrEnum):
     """400 or 505: a head a proxy in front could frame otherwise (``http11.framing_refusal``)."""
 
 
-class _Reason:
-    __slots__ = ("logged_at", "total", "unlogged")
-
-    def __init__(self) -> None:
-        self.total = 0
-        self.unlogged = 0
-        self.logged_at = -math.inf
-
-
 class ListenerRefusals:
     """The refusals of one listener since it was made. ``name``: the listener, as its log
     lines and its metric's ``listener`` label both call it, so that a line is found from
@@ -69,13 +62,14 @@ class ListenerRefusals:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
-        self._interval_s = interval_s
         self._clock = clock
-        self._reasons = {reason: _Reason() for reason in RefusalReason}
+        self._totals = dict.fromkeys(RefusalReason, 0)
+        self._lines = LogThrottle(interval_s, max_keys=len(RefusalReason))
+        """Every reason remembered: the reasons are few and fixed, whoever connects."""
 
     def totals(self) -> dict[RefusalReason, int]:
         """Refusals by reason, every reason present."""
-        return {reason: counts.total for reason, counts in self._reasons.items()}
+        return dict(self._totals)
 
     def refused(
         self,
@@ -87,13 +81,10 @@ class ListenerRefusals:
         """Count a refusal, and log it unless its reason was logged within the interval.
         ``limit``: the listener's limit the client ran into (seconds, bytes, connections),
         where one did."""
-        counts = self._reasons[reason]
-        counts.total += 1
-        now = self._clock()
-        if now - counts.logged_at < self._interval_s:
-            counts.unlogged += 1
+        self._totals[reason] += 1
+        unlogged = self._lines.admit(reason, self._clock())
+        if unlogged is None:
             return
-        unlogged, counts.unlogged, counts.logged_at = counts.unlogged, 0, now
         log.warning(
             "listener_refused",
             listener=self.name,
