@@ -54,6 +54,7 @@ from time import monotonic
 import asyncpg
 import structlog
 
+from app.domain.log_throttle import LogThrottle
 from app.gateway.reconnecting import CONNECTION_LOST, ConnectedTask, require_positive
 from app.store.database import driver_url
 from app.store.gateway_reports import (
@@ -76,6 +77,8 @@ REPORT_LATE_S = 2.0
 QUERY_TIMEOUT_S = 5.0
 SHARED_ID_LOG_EVERY_S = 60.0
 """``gateway_id_shared`` is logged at most this often while the id is shared."""
+SHARED_ID = "gateway_id_shared"
+"""The one key of the reporter's throttled line."""
 
 MAX_GATEWAY_ID_CHARS = 200
 """The longest id a gateway reports under: a name an operator reads in logs and tables."""
@@ -143,7 +146,9 @@ class GatewayReporter:
         self._writing_since: datetime | None = None
         """When this process's first write under ``reports_as`` went in."""
         self._on_shared_id = on_shared_id
-        self._shared_logged_at = float("-inf")
+        self._shared_lines = LogThrottle(SHARED_ID_LOG_EVERY_S, max_keys=1)
+        """When ``gateway_id_shared`` was last logged. Its count of lines left out goes
+        unused: the metric counts every such report (``on_shared_id``)."""
         self._connection = ConnectedTask(
             driver_url(database_url),
             application_name=f"llmgw-report-{gateway_id}",
@@ -287,9 +292,8 @@ class GatewayReporter:
         """Another live process reports under this gateway's id: both reports are counted,
         but the id names two processes (in logs, metrics, the database's sessions)."""
         self._on_shared_id()
-        if monotonic() - self._shared_logged_at < SHARED_ID_LOG_EVERY_S:
+        if self._shared_lines.admit(SHARED_ID, monotonic()) is None:
             return
-        self._shared_logged_at = monotonic()
         log.error(
             "gateway_id_shared",
             gateway_id=self.gateway_id,

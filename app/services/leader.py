@@ -58,6 +58,7 @@ import asyncpg
 import structlog
 
 from app.clock_offset import MAX_LEADER_CLOCK_OFFSET_S, leader_clock_problem, read_clock
+from app.domain.log_throttle import LogThrottle
 from app.store.database import DATABASE_CLOCK, driver_url
 
 LEADER_LOCK_KEY = 0x6C6C6D67_77000002
@@ -76,6 +77,8 @@ DEFAULT_CHECK_INTERVAL_S = 1.0
 DEFAULT_CHECK_TIMEOUT_S = 5.0
 CLOCK_WARNING_EVERY_S = 60.0
 """How often a candidate whose clock is too far off says so while it waits."""
+CLOCK_OFF = "leader_clock_off"
+"""The one key of the candidate's throttled clock warning."""
 
 
 def lease_problem(
@@ -148,7 +151,9 @@ class LeaderElection:
         self._lock_key = lock_key
         self._wall_clock = wall_clock
         self._max_clock_offset_s = max_clock_offset_s
-        self._clock_warned_at: float | None = None
+        self._clock_warnings = LogThrottle(CLOCK_WARNING_EVERY_S, max_keys=1)
+        """When ``leader_clock_off`` was last logged; forgotten once the clock is right, so
+        that a clock that goes wrong again is said at once."""
         self._connection: asyncpg.Connection | None = None
         self._connection_closed = asyncio.Event()
         self._watch: asyncio.Task[None] | None = None
@@ -212,7 +217,7 @@ class LeaderElection:
         if problem is not None:
             self._warn_of_clock(problem)
             return None
-        self._clock_warned_at = None
+        self._clock_warnings.forget(CLOCK_OFF)
         granted = await connection.fetchval("SELECT pg_try_advisory_lock($1)", self._lock_key)
         if not granted:
             return None
@@ -280,12 +285,8 @@ class LeaderElection:
         return leader_clock_problem(reading, self._max_clock_offset_s)
 
     def _warn_of_clock(self, problem: str) -> None:
-        now = time.monotonic()
-        if self._clock_warned_at is not None and now - self._clock_warned_at < (
-            CLOCK_WARNING_EVERY_S
-        ):
+        if self._clock_warnings.admit(CLOCK_OFF, time.monotonic()) is None:
             return
-        self._clock_warned_at = now
         log.warning(
             "leader_clock_off", holder=self.holder_id, problem=problem, detail="not leading"
         )
