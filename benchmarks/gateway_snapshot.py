@@ -44,11 +44,10 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.domain.model_spec import MAX_COLD_START_S
-from app.gateway.snapshot import build_snapshot
+from app.gateway.snapshot import snapshot_of_rows
 from app.gateway.source import DEFAULT_DEBOUNCE_S, PostgresSnapshotSource
-from app.gateway.table import GatewaySnapshot
 from app.store.postgres import CHECKPOINT, NOTIFY_CHANNEL
-from app.store.routing_rows import _READ_ROWS, EXPIRED_KEYS_KEPT, RoutingRows, read_routing_rows
+from app.store.routing_rows import _READ_ROWS, EXPIRED_KEYS_KEPT, read_routing_rows
 from benchmarks.common import (
     BenchServer,
     Machine,
@@ -195,25 +194,6 @@ async def seed(db: asyncpg.Connection, live: int, ended: int, nodes: int) -> Non
 # -- measuring -----------------------------------------------------------------------------
 
 
-def snapshot_of(rows: RoutingRows) -> GatewaySnapshot:
-    """What ``app.gateway.snapshot.read_snapshot`` builds from the rows."""
-    return build_snapshot(
-        rows.position,
-        rows.declared,
-        rows.routes,
-        rows.keys,
-        time.monotonic(),
-        canaries=rows.canaries,
-        cold_starts=rows.cold_starts,
-        start_failures=rows.start_failures,
-        scaled_to_zero=rows.scaled_to_zero,
-        starting=rows.starting,
-        policies=rows.policies,
-        apis=rows.apis,
-        created=rows.created,
-    )
-
-
 async def answer_bytes(db: asyncpg.Connection) -> tuple[int, int]:
     """The bytes of the statement's JSON columns, all of them and the routes alone."""
     row = await db.fetchrow(_READ_ROWS, CHECKPOINT, MAX_COLD_START_S, EXPIRED_KEYS_KEPT)
@@ -239,7 +219,7 @@ async def time_reads(db: asyncpg.Connection, repeat: int) -> tuple[list[float], 
         started = time.perf_counter()
         rows = await read_routing_rows(db, within_s=STATEMENT_TIMEOUT_S)
         read = time.perf_counter()
-        snapshot_of(rows)
+        snapshot_of_rows(rows)
         built = time.perf_counter()
         statement_ms.append((read - started) * 1000)
         build_ms.append((built - read) * 1000)

@@ -33,6 +33,7 @@ from app.store.routing_rows import (
     KeyRow,
     PolicyRow,
     RouteRow,
+    RoutingRows,
     StartFailureRow,
     read_routing_rows,
 )
@@ -51,6 +52,11 @@ async def read_snapshot(
     sent = wall_clock()
     rows = await read_routing_rows(db, within_s=within_s)
     received = wall_clock()
+    return snapshot_of_rows(rows, clock_offset_s=rows.database_now - (sent + received) / 2)
+
+
+def snapshot_of_rows(rows: RoutingRows, *, clock_offset_s: float = 0.0) -> GatewaySnapshot:
+    """The snapshot the routing ``rows`` make, taken now (``monotonic``)."""
     return build_snapshot(
         rows.position,
         rows.declared,
@@ -65,7 +71,7 @@ async def read_snapshot(
         policies=rows.policies,
         apis=rows.apis,
         created=rows.created,
-        clock_offset_s=rows.database_now - (sent + received) / 2,
+        clock_offset_s=clock_offset_s,
     )
 
 
