@@ -15,14 +15,15 @@ workers on two cores.
 The ways:
 
 - ``template``: ``CREATE DATABASE ... TEMPLATE`` (PostgreSQL 15's ``WAL_LOG`` strategy),
-  ``DROP DATABASE ... WITH (FORCE)`` at teardown: what the tests did.
+  ``DROP DATABASE ... WITH (FORCE)`` at teardown: what the tests do.
 - ``file_copy``: the same with ``STRATEGY = FILE_COPY`` (copies the files; a checkpoint
   before and after).
 - ``vacuumed``: the template frozen and analysed first (``VACUUM (FREEZE, ANALYZE)``).
 - ``checkpoints``: a cluster with ``checkpoint_timeout=1h`` and ``max_wal_size=4GB``.
 - ``drop_later``: the database is dropped by a background task, not at teardown.
 - ``pool``: databases cloned ahead by a background task (``POOL_SIZE`` ready), and
-  dropped by it too; a test takes a ready one (``tests/support/database_pool.py``).
+  dropped by it too; a test takes a ready one (the tests tried it and went back:
+  docs/performance.md, Fresh databases for tests).
 
 ``CREATE DATABASE ... OID`` is left out: it only chooses the new database's OID, the copy
 is the same.

@@ -9,24 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.support.cluster import ClusterPki, cluster, issue_pki
-from tests.support.databases import (
-    database_pool,
-    database_url,
-    engine,
-    migrated_template,
-    pg_store,
-)
+from tests.support.databases import database_url, engine, migrated_template, pg_store
 from tests.support.real_engine import real_engine
 
-__all__ = [
-    "cluster",
-    "database_pool",
-    "database_url",
-    "engine",
-    "migrated_template",
-    "pg_store",
-    "real_engine",
-]
+__all__ = ["cluster", "database_url", "engine", "migrated_template", "pg_store", "real_engine"]
 
 HERE = Path(__file__).parent
 

@@ -1,11 +1,5 @@
 from tests.support.cluster import cluster
-from tests.support.databases import (
-    database_pool,
-    database_url,
-    engine,
-    migrated_template,
-    pg_store,
-)
+from tests.support.databases import database_url, engine, migrated_template, pg_store
 from tests.support.operator_cli import operator
 from tests.support.real_engine import real_engine
 from tests.support.tcp_relay import relay
@@ -16,7 +10,6 @@ __all__ = [
     "alice",
     "bob",
     "cluster",
-    "database_pool",
     "database_url",
     "engine",
     "migrated_template",

@@ -36,7 +36,6 @@ from app.domain.events import (
 from app.store.database import create_engine
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
-from tests.support.database_pool import DatabasePool
 from tests.support.postgres import PostgresServer
 from tests.support.seed import (
     RECONCILER,
@@ -268,10 +267,10 @@ def expected_answers(story: SeededHistory) -> dict[str, Answer]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def seeded(
-    postgres_server: PostgresServer, database_pool: DatabasePool
+    postgres_server: PostgresServer, migrated_template: str
 ) -> AsyncIterator[SeededDatabase]:
     """One database holding the story, shared by this module's tests: they only read."""
-    async with seeded_database(postgres_server, database_pool) as database:
+    async with seeded_database(postgres_server, migrated_template) as database:
         yield database
 
 
@@ -321,10 +320,10 @@ async def test_the_query_answers_what_the_story_implies(
     ids=["infinity", "minus-infinity", "last-representable", "beyond-year-9999"],
 )
 async def test_the_chain_check_flags_a_row_whose_time_was_rewritten(
-    postgres_server: PostgresServer, database_pool: DatabasePool, time: str
+    postgres_server: PostgresServer, migrated_template: str, time: str
 ) -> None:
     """Even to a time no append could have hashed: the query flags that row, not fails."""
-    async with seeded_database(postgres_server, database_pool) as database:
+    async with seeded_database(postgres_server, migrated_template) as database:
         positions = sorted(p for stream in database.story.positions.values() for p in stream)
         edited = positions[len(positions) // 2]
         connection = await asyncpg.connect(database.url)
@@ -347,7 +346,7 @@ async def test_the_chain_check_flags_a_row_whose_time_was_rewritten(
 
 
 async def test_a_gpu_recovered_under_another_index_is_its_recovery_not_another_gpu_s(
-    postgres_server: PostgresServer, database_pool: DatabasePool
+    postgres_server: PostgresServer, migrated_template: str
 ) -> None:
     """gpu-08's GPU 1 fell off the bus. After a driver reload another GPU is listed under
     index 1 (a log written before hellos judged GPUs by UUID recorded it as recovered), and
@@ -355,7 +354,7 @@ async def test_a_gpu_recovered_under_another_index_is_its_recovery_not_another_g
     fell_off = h100(1).uuid
     another_at_its_index = GpuRecovered(node_id="gpu-08", gpu_index=1, gpu_uuid="GPU-other")
     back_elsewhere = GpuRecovered(node_id="gpu-08", gpu_index=2, gpu_uuid=fell_off)
-    async with seeded_database(postgres_server, database_pool) as database:
+    async with seeded_database(postgres_server, migrated_template) as database:
         engine = create_engine(database.url, pool_size=1)
         try:
             for moment, event in (
@@ -381,7 +380,7 @@ async def test_a_gpu_recovered_under_another_index_is_its_recovery_not_another_g
 
 
 async def test_a_replica_stopped_at_its_startup_timeout_shows_its_engines_last_lines(
-    postgres_server: PostgresServer, database_pool: DatabasePool
+    postgres_server: PostgresServer, migrated_template: str
 ) -> None:
     """An agent stops a shard that never became ready, when the control plane times it
     out, and reports its engine's last lines with the stop (no shard failed)."""
@@ -405,7 +404,7 @@ async def test_a_replica_stopped_at_its_startup_timeout_shows_its_engines_last_l
         (utc(3, 6, 9, 5, 1), RECONCILER, timed_out),
         (utc(3, 6, 9, 5, 3), agent("gpu-07"), stopped),
     )
-    async with seeded_database(postgres_server, database_pool) as database:
+    async with seeded_database(postgres_server, migrated_template) as database:
         engine = create_engine(database.url, pool_size=1)
         try:
             for moment, actor, event in steps:

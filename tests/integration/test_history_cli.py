@@ -32,7 +32,6 @@ from app.store.database import create_engine
 from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import LOOPBACK, Pki, write_pki
-from tests.support.database_pool import DatabasePool
 from tests.support.operator_cli import CLI_TIMEOUT_S, Result, run_cli
 from tests.support.ports import free_port
 from tests.support.postgres import PostgresServer
@@ -60,9 +59,9 @@ class AdminApi:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def seeded(
-    postgres_server: PostgresServer, database_pool: DatabasePool
+    postgres_server: PostgresServer, migrated_template: str
 ) -> AsyncIterator[SeededDatabase]:
-    async with seeded_database(postgres_server, database_pool) as database:
+    async with seeded_database(postgres_server, migrated_template) as database:
         yield database
 
 

@@ -19,9 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.store.database import create_engine
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import LOOPBACK, Pki, seed_node, write_pki
-from tests.support.database_pool import DatabasePool
 from tests.support.operator_cli import Result, clean_environment, installed, run_cli
-from tests.support.postgres import PostgresServer
+from tests.support.postgres import PostgresServer, unique_database_name
 from tests.support.serve_process import serving_process
 from tests.support.waiting import wait_until
 
@@ -55,12 +54,13 @@ class Server:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def module_database(
-    postgres_server: PostgresServer, database_pool: DatabasePool
+    postgres_server: PostgresServer, migrated_template: str
 ) -> AsyncIterator[str]:
     """One database for the module's one server; the tests use ids of their own."""
-    name = await database_pool.take()
+    name = unique_database_name("llmgw_serve_tls")
+    await postgres_server.create_database(name, template=migrated_template)
     yield postgres_server.url(name)
-    database_pool.give_back(name)
+    await postgres_server.drop_database(name)
 
 
 @pytest_asyncio.fixture(loop_scope="session")

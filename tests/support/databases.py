@@ -1,7 +1,6 @@
 """Fixtures for tests that write to PostgreSQL: a migrated template, and a fresh database
-cloned from it per test (CREATE DATABASE ... TEMPLATE), so tests never depend on each
-other's rows or order. The clones are made ahead by a ``DatabasePool``, while earlier
-tests run, and dropped behind them the same way: a test waits for neither.
+cloned from it per test (cheap: CREATE DATABASE ... TEMPLATE), so tests never depend on
+each other's rows or order.
 
 The template is migrated as production is (``llmgw-server migrate --runtime-role``): by the
 server's superuser, which owns the schema, with ``TEST_RUNTIME_ROLE`` set up as the runtime
@@ -25,7 +24,6 @@ from app.store.database import create_engine
 from app.store.database_url import parse_database_url
 from app.store.grants import RuntimeRole
 from app.store.postgres import PostgresEventStore
-from tests.support.database_pool import DatabasePool
 from tests.support.postgres import PostgresServer, unique_database_name
 
 TEST_RUNTIME_ROLE = RuntimeRole("llmgw_runtime_test", password="llmgw-runtime-test-password")
@@ -61,24 +59,14 @@ async def migrated_template(postgres_server: PostgresServer) -> AsyncIterator[st
     await postgres_server.drop_database(name)
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def database_pool(
-    postgres_server: PostgresServer, migrated_template: str
-) -> AsyncIterator[DatabasePool]:
-    """Clones of the template, made ahead; every one is dropped before the template is."""
-    pool = DatabasePool(postgres_server, migrated_template)
-    pool.start()
-    yield pool
-    await pool.close()
-
-
 @pytest_asyncio.fixture(loop_scope="session")
 async def database_url(
-    postgres_server: PostgresServer, database_pool: DatabasePool
+    postgres_server: PostgresServer, migrated_template: str
 ) -> AsyncIterator[str]:
-    name = await database_pool.take()
+    name = unique_database_name("llmgw_test")
+    await postgres_server.create_database(name, template=migrated_template)
     yield postgres_server.url(name)
-    database_pool.give_back(name)
+    await postgres_server.drop_database(name)
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -74,8 +74,7 @@ from app.domain.model_spec import ModelSpec
 from app.store.database import create_engine
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
-from tests.support.database_pool import DatabasePool
-from tests.support.postgres import PostgresServer
+from tests.support.postgres import PostgresServer, unique_database_name
 
 RECONCILER = "reconciler"
 AGENT_HUB = "agent-hub"
@@ -208,12 +207,12 @@ class SeededDatabase:
 
 @asynccontextmanager
 async def seeded_database(
-    server: PostgresServer, pool: DatabasePool
+    server: PostgresServer, migrated_template: str
 ) -> AsyncIterator[SeededDatabase]:
-    """A new database holding the story, taken from the tests' pool of fresh clones and
-    given back (dropped) on exit; for tests that only read it, or add events about entities
-    the story does not know."""
-    name = await pool.take()
+    """A new database holding the story, dropped on exit; for tests that only read it, or
+    add events about entities the story does not know."""
+    name = unique_database_name("llmgw_seeded")
+    await server.create_database(name, template=migrated_template)
     try:
         engine = create_engine(server.url(name), pool_size=1)
         try:
@@ -222,7 +221,7 @@ async def seeded_database(
             await engine.dispose()
         yield SeededDatabase(server.url(name), story)
     finally:
-        pool.give_back(name)
+        await server.drop_database(name)
 
 
 async def _setting_up(record: _Recorder) -> None:
