@@ -72,6 +72,30 @@ class FrozenClock:
         return self.now
 
 
+async def declared_and_placed(
+    operator: PostgresEventStore, pg_store: PostgresEventStore, model: str
+) -> str:
+    """Declares ``model`` (one replica, ``POLICY``) as an operator; its replica once placed."""
+    spec = ModelSpec(
+        name=model,
+        command="llmgw-sim-engine --port {port} --model {model}",
+        replicas=1,
+        autoscale=POLICY,
+    )
+    await operator.append(
+        model_stream(model),
+        None,
+        [NewEvent(ModelDeclared(model=model, spec=spec))],
+        Meta(actor="operator:alice"),
+    )
+    await wait_until(
+        lambda: any(r.model == model for r in pg_store.state.replicas.values()),
+        what="the model's replica placed",
+    )
+    [replica_id] = [r.id for r in pg_store.state.replicas.values() if r.model == model]
+    return replica_id
+
+
 async def test_a_request_in_the_gateways_window_keeps_the_last_replica_until_it_leaves_it(
     leader: Leader,
     pki: AgentPki,
@@ -92,25 +116,9 @@ async def test_a_request_in_the_gateways_window_keeps_the_last_replica_until_it_
         report_interval_s=0.05,
     )
     operator = PostgresEventStore(engine)
-    spec = ModelSpec(
-        name=model,
-        command="llmgw-sim-engine --port {port} --model {model}",
-        replicas=1,
-        autoscale=POLICY,
-    )
     try:
         async with fake_agent(leader.hub.port, pki, node_id, gpus=1):
-            await operator.append(
-                model_stream(model),
-                None,
-                [NewEvent(ModelDeclared(model=model, spec=spec))],
-                Meta(actor="operator:alice"),
-            )
-            await wait_until(
-                lambda: any(r.model == model for r in pg_store.state.replicas.values()),
-                what="the model's replica placed",
-            )
-            [replica_id] = [r.id for r in pg_store.state.replicas.values() if r.model == model]
+            replica_id = await declared_and_placed(operator, pg_store, model)
             window.record(replica_id, Outcome.ANSWERED, latency_s=0.05)
 
             heard_from = reconciler.pass_count
@@ -160,12 +168,6 @@ async def test_a_model_whose_replica_a_crowded_report_leaves_out_stays_until_its
         report_interval_s=0.1,
     )
     operator = PostgresEventStore(engine)
-    spec = ModelSpec(
-        name=model,
-        command="llmgw-sim-engine --port {port} --model {model}",
-        replicas=1,
-        autoscale=POLICY,
-    )
 
     async def names_left_out() -> list[str] | None:
         async with engine.connect() as db:
@@ -180,17 +182,7 @@ async def test_a_model_whose_replica_a_crowded_report_leaves_out_stays_until_its
 
     try:
         async with fake_agent(leader.hub.port, pki, node_id, gpus=1):
-            await operator.append(
-                model_stream(model),
-                None,
-                [NewEvent(ModelDeclared(model=model, spec=spec))],
-                Meta(actor="operator:alice"),
-            )
-            await wait_until(
-                lambda: any(r.model == model for r in pg_store.state.replicas.values()),
-                what="the model's replica placed",
-            )
-            [replica_id] = [r.id for r in pg_store.state.replicas.values() if r.model == model]
+            replica_id = await declared_and_placed(operator, pg_store, model)
             crowd(window, busy)
             window.record(replica_id, Outcome.ANSWERED, latency_s=0.05)
             assert len(window.report()) == MAX_REPORTED_REPLICAS + 1

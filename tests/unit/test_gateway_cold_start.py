@@ -30,6 +30,7 @@ from app.gateway.route_refusals import (
 )
 from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot, Route, StartFailure
+from tests.support.requests_left import cancel_left
 from tests.support.waiting import wait_until
 
 MODEL = "m"
@@ -41,12 +42,8 @@ _started: list[asyncio.Task[Lease]] = []
 
 @pytest.fixture(autouse=True)
 async def _no_request_left_waiting() -> AsyncIterator[None]:
-    """The tests share one loop: a request a failed test left held must not outlive it."""
     yield
-    for task in _started:
-        task.cancel()
-    await asyncio.gather(*_started, return_exceptions=True)
-    _started.clear()
+    await cancel_left(_started)
 
 
 class FakeClock:

@@ -20,6 +20,7 @@ from app.gateway.lease import Lease
 from app.gateway.route_refusals import FailingToStart, NoServingReplica
 from app.gateway.router import Router
 from app.gateway.table import DEFAULT_TARGET_WAITING, GatewaySnapshot, Route, StartFailure
+from tests.support.requests_left import cancel_left
 from tests.support.waiting import wait_until
 
 MODEL = "m"
@@ -30,12 +31,8 @@ _started: list[asyncio.Task[Lease]] = []
 
 @pytest.fixture(autouse=True)
 async def _no_request_left_waiting() -> AsyncIterator[None]:
-    """The tests share one loop: a request a failed test left waiting must not outlive it."""
     yield
-    for task in _started:
-        task.cancel()
-    await asyncio.gather(*_started, return_exceptions=True)
-    _started.clear()
+    await cancel_left(_started)
 
 
 def route(replica_id: str, *, target_waiting: int = DEFAULT_TARGET_WAITING) -> Route:
