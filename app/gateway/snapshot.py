@@ -18,6 +18,7 @@ from app.domain.model_spec import (
     routing_setting_errors,
 )
 from app.domain.state import BACKOFF_CAP_S
+from app.gateway.held_routes import HeldRoutes, routes_after
 from app.gateway.table import (
     Canary,
     GatewaySnapshot,
@@ -46,13 +47,33 @@ before 1970, is a row no clock wrote, read as one of unknown age (``created`` 0)
 async def read_snapshot(
     db: asyncpg.Connection, *, within_s: float, wall_clock: Callable[[], float] = time
 ) -> GatewaySnapshot:
-    """The routing rows as a snapshot, with how far the database's clock is ahead of this
-    machine's (``wall_clock``): the database read its clock between this machine's two
-    readings around the statement, so the offset is right to within half the round trip."""
+    """The routing rows as a snapshot, every route read (``read_routing``)."""
+    snapshot, _ = await read_routing(db, within_s=within_s, wall_clock=wall_clock)
+    return snapshot
+
+
+async def read_routing(
+    db: asyncpg.Connection,
+    *,
+    within_s: float,
+    held: HeldRoutes | None = None,
+    wall_clock: Callable[[], float] = time,
+) -> tuple[GatewaySnapshot, HeldRoutes]:
+    """The routing rows as a snapshot, and its routes to hold for the next read. With
+    ``held``, only the routes changed since its position are read (``app.gateway.held_routes``).
+    The snapshot says how far the database's clock is ahead of this machine's
+    (``wall_clock``): the database read its clock between this machine's two readings
+    around the statement, so the offset is right to within half the round trip."""
     sent = wall_clock()
-    rows = await read_routing_rows(db, within_s=within_s)
+    rows = await read_routing_rows(
+        db, within_s=within_s, since=held.position if held is not None else None
+    )
     received = wall_clock()
-    return snapshot_of_rows(rows, clock_offset_s=rows.database_now - (sent + received) / 2)
+    routes = routes_after(held, rows)
+    if rows.changed is not None:
+        rows = msgspec.structs.replace(rows, routes=list(routes.rows.values()), changed=None)
+    offset_s = rows.database_now - (sent + received) / 2
+    return snapshot_of_rows(rows, clock_offset_s=offset_s), routes
 
 
 def snapshot_of_rows(rows: RoutingRows, *, clock_offset_s: float = 0.0) -> GatewaySnapshot:

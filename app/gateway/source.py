@@ -4,7 +4,10 @@
 
 - reads the snapshot (``app.gateway.snapshot``: declared models and their canaries, the
   ``routing_table`` view, live API keys and the projection's position) in one statement,
-  so it sees one consistent state;
+  so it sees one consistent state: every route on its first read on a connection and once
+  every ``whole_read_interval_s``, and otherwise only the routes changed since the
+  position it holds (``app.gateway.held_routes``), so that a read costs the database what
+  changed, not the size of the fleet;
 - LISTENs on the log's channel: an append wakes it, and after ``debounce_s`` (one read for
   a burst of appends) it reads again, so a revoked key is refused within a second;
 - reads again every ``refresh_interval_s`` anyway, in case a notification was lost.
@@ -30,8 +33,9 @@ import asyncpg
 import msgspec
 import structlog
 
+from app.gateway.held_routes import HeldRoutes
 from app.gateway.reconnecting import ConnectedTask, require_positive
-from app.gateway.snapshot import read_snapshot
+from app.gateway.snapshot import read_routing
 from app.gateway.table import GatewaySnapshot, SnapshotListener
 from app.store.database import driver_url
 from app.store.postgres import NOTIFY_CHANNEL
@@ -40,6 +44,10 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_REFRESH_INTERVAL_S = 5.0
 DEFAULT_DEBOUNCE_S = 0.05
+DEFAULT_WHOLE_READ_INTERVAL_S = 30.0
+"""How often a gateway reads every route rather than what changed: a bound on how long a
+route changed without an event (``projections rebuild`` rewriting a wrong row) goes unseen.
+At 20,000 replicas that is a tenth of a second of the database's time every 30 s."""
 QUERY_TIMEOUT_S = 5.0
 """A statement that takes longer is taken for a dead connection (a network that drops
 packets sends no reset)."""
@@ -65,9 +73,12 @@ class PostgresSnapshotSource:
         refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S,
         debounce_s: float = DEFAULT_DEBOUNCE_S,
         query_timeout_s: float = QUERY_TIMEOUT_S,
+        whole_read_interval_s: float = DEFAULT_WHOLE_READ_INTERVAL_S,
     ) -> None:
         require_positive(
-            ("refresh interval", refresh_interval_s), ("query timeout", query_timeout_s)
+            ("refresh interval", refresh_interval_s),
+            ("query timeout", query_timeout_s),
+            ("whole read interval", whole_read_interval_s),
         )
         self.gateway_id = gateway_id or default_gateway_id()
         self._connection = ConnectedTask(
@@ -79,6 +90,11 @@ class PostgresSnapshotSource:
         self._debounce_s = max(debounce_s, 0.0)
         self._timeout_s = query_timeout_s
         self._snapshot = GatewaySnapshot()
+        self._whole_read_interval_s = whole_read_interval_s
+        self._held: HeldRoutes | None = None
+        """The routes the snapshot was read with; ``None`` until a read of every route on
+        this connection, and again when one is due."""
+        self._whole_read_due = 0.0
         self._listeners: list[SnapshotListener] = []
         self._up = False
         self._up_since_connect = False
@@ -88,6 +104,8 @@ class PostgresSnapshotSource:
         """Set once the first connection and read succeeded or failed."""
         self.loads = 0
         """Snapshots read so far (tests wait on it)."""
+        self.whole_reads = 0
+        """Of them, those that read every route."""
         self.last_error: str | None = None
 
     # -- the SnapshotSource protocol ------------------------------------------------------
@@ -148,6 +166,7 @@ class PostgresSnapshotSource:
 
     async def _follow(self, db: asyncpg.Connection) -> None:
         self._up_since_connect = False
+        self._held = None  # what changed while it was away is read whole
         db.add_termination_listener(self._on_termination)
         # Bounded like every read: a connection cut off once LISTEN was sent (a partition)
         # never answers it, and the loop below, with its reads, would never start.
@@ -169,7 +188,11 @@ class PostgresSnapshotSource:
                 next_read = monotonic() + self._refresh_interval_s
 
     async def _read(self, db: asyncpg.Connection) -> None:
-        snapshot = await read_snapshot(db, within_s=self._timeout_s)
+        held = self._held if monotonic() < self._whole_read_due else None
+        snapshot, self._held = await read_routing(db, within_s=self._timeout_s, held=held)
+        if held is None:
+            self.whole_reads += 1
+            self._whole_read_due = monotonic() + self._whole_read_interval_s
         changed = self.loads == 0 or not _same_content(snapshot, self._snapshot)
         self._snapshot = snapshot
         self.loads += 1

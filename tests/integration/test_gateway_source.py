@@ -30,6 +30,7 @@ from app.domain.keys import key_matches
 from app.domain.model_spec import AutoscalePolicy, RoutingSettings
 from app.domain.reports import GatewaysInFlight
 from app.gateway import source as source_module
+from app.gateway.held_routes import HeldRoutes
 from app.gateway.server import StaticSource
 from app.gateway.snapshot import read_snapshot
 from app.gateway.source import PostgresSnapshotSource
@@ -177,6 +178,50 @@ async def test_each_route_carries_the_address_its_nodes_agent_connected_from(
         "127.0.0.1:44300",
         "127.0.0.9:51234",
     ]
+
+
+async def test_after_its_first_read_a_source_reads_only_what_changed(
+    pg_store: PostgresEventStore, database_url: str
+) -> None:
+    """Every route is read once; from then on each read reads the routes the events since
+    name, and a node that connects again from another address moves its routes with it."""
+    source = PostgresSnapshotSource(
+        database_url, gateway_id=f"gw-{secrets.token_hex(4)}", whole_read_interval_s=3600
+    )
+    await source.start()
+    try:
+        model = name()
+        node = f"gpu-{secrets.token_hex(3)}"
+        await connect_node(pg_store, node, "127.0.0.1")
+        await declare_model(pg_store, model)
+        await serve_replica(pg_store, model, 1, node, 21001)
+        await wait_until(lambda: model in source.current().routes, within_s=1.0)
+
+        await connect_node(pg_store, node, "127.0.0.3")
+
+        await wait_until(
+            lambda: [r.url for r in source.current().routes[model]] == ["http://127.0.0.3:21001"],
+            within_s=1.0,
+            what="the route at the node's new address",
+        )
+        assert source.whole_reads == 1
+        assert source.loads > 1
+    finally:
+        await source.close()
+
+
+async def test_a_source_reads_every_route_again_once_its_interval_is_up(database_url: str) -> None:
+    source = PostgresSnapshotSource(
+        database_url,
+        gateway_id=f"gw-{secrets.token_hex(4)}",
+        refresh_interval_s=0.05,
+        whole_read_interval_s=0.1,
+    )
+    await source.start()
+    try:
+        await wait_until(lambda: source.whole_reads >= 3, what="three reads of every route")
+    finally:
+        await source.close()
 
 
 async def test_what_a_gateway_has_in_flight_reaches_the_reconciler_until_it_closes(
@@ -677,16 +722,18 @@ async def test_a_connection_the_driver_finds_broken_late_is_told_in_one_line_and
 ) -> None:
     """Before, the driver's InternalClientError from a read was logged as a bug, with its
     traceback, as routing_table_read_failed: it is a broken connection, told as the others."""
-    real_read = source_module.read_snapshot
+    real_read = source_module.read_routing
     failures: list[Exception] = []
 
-    async def broken_once(db: asyncpg.Connection, *, within_s: float) -> GatewaySnapshot:
+    async def broken_once(
+        db: asyncpg.Connection, *, within_s: float, held: HeldRoutes | None
+    ) -> tuple[GatewaySnapshot, HeldRoutes]:
         if not failures:
             failures.append(error("cannot switch to state 15; another operation is in progress"))
             raise failures[0]
-        return await real_read(db, within_s=within_s)
+        return await real_read(db, within_s=within_s, held=held)
 
-    monkeypatch.setattr(source_module, "read_snapshot", broken_once)
+    monkeypatch.setattr(source_module, "read_routing", broken_once)
     source = PostgresSnapshotSource(database_url, gateway_id=f"gw-{secrets.token_hex(4)}")
     with capture_logs() as logs:
         await source.start(wait_s=0)
