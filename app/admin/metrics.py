@@ -48,7 +48,7 @@ from app.domain.gpu_claims import held_elsewhere_counts
 from app.domain.placement import Rejection, explain_placement
 from app.domain.reports import NodeReport
 from app.domain.state import ACTIVE_PHASES, COUNTING_PHASES, ClusterState, ReplicaPhase
-from app.listeners.refusals import ListenerRefusals, RefusalCollector
+from app.listeners.refusals import ListenerCollector, ListenerRefusals
 from app.pki.ends import CertificateEnd
 from app.services.control_plane import ControlPlane, Leader, Role
 from app.services.operations import RunningSource, nothing_running
@@ -57,7 +57,8 @@ from app.store.database import connection
 from app.store.postgres import PostgresEventStore
 
 QUANTILES = (0.5, 0.9, 0.99, 1.0)
-LISTENER_REFUSALS = "llmgw_admin_listener_refusals"
+LISTENER_FAMILIES = "llmgw_admin_listener"
+"""``_refusals`` and ``_idle_closed`` (``app.listeners.refusals``): the admin listener's."""
 MEDIA_TYPE = "text/plain; version=0.0.4"
 """The classic text format every Prometheus reads (Litestar adds the charset)."""
 
@@ -205,7 +206,8 @@ class ClusterMetrics:
         """``running``: what each connected node reports running, held from placement as
         the reconciler holds it (``placement_families``); ``certificates``: when those the
         server presents and trusts end; ``listener_refusals``: what the admin listener
-        refused itself, before any request reached the API."""
+        refused itself, before any request reached the API, and the silent connections it
+        closed."""
         self._store = store
         self._gateway = gateway
         self._counts = EventCounts(store)
@@ -220,7 +222,7 @@ class ClusterMetrics:
         )
         self.registry.register(collector)
         if listener_refusals is not None:
-            self.registry.register(RefusalCollector(LISTENER_REFUSALS, [listener_refusals]))
+            self.registry.register(ListenerCollector(LISTENER_FAMILIES, [listener_refusals]))
 
     async def render(self) -> bytes:
         await self._store.catch_up()

@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 from app.gateway.admission import ReplicaView
 from app.gateway.ejection import Ejector
 from app.gateway.request_metrics import RequestCollector, RequestCounts, RequestSeries, Series
-from app.listeners.refusals import ListenerRefusals, RefusalCollector
+from app.listeners.refusals import ListenerCollector, ListenerRefusals
 
 DURATION_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -47,8 +47,9 @@ cold-start timeout (at most an hour, ``MAX_COLD_START_S``), and that wait counts
 (queue, the gateway's share, first byte, duration). Past the last bound a figure is only
 known to be longer, so the bounds go that far; no two are more than 5 times apart."""
 
-LISTENER_REFUSALS = "llmgw_gateway_listener_refusals"
-"""Counted by the listeners (``app.listeners.refusals``): client (the API) and metrics."""
+LISTENER_FAMILIES = "llmgw_gateway_listener"
+"""``_refusals`` and ``_idle_closed``, counted by the listeners (``app.listeners.refusals``):
+client (the API) and metrics."""
 
 CLIENT_GONE = 499
 """Status recorded for a request whose client disconnected before its answer ended."""
@@ -288,8 +289,9 @@ class GatewayMetrics:
 
     def watch_listener_refusals(self, listeners: Sequence[ListenerRefusals]) -> None:
         """Publish what each of the gateway's listeners (labelled by its name) refused
-        itself before any request reached the app, read at each scrape."""
-        self.registry.register(RefusalCollector(LISTENER_REFUSALS, listeners))
+        itself before any request reached the app, and the silent connections it closed,
+        read at each scrape."""
+        self.registry.register(ListenerCollector(LISTENER_FAMILIES, listeners))
 
     def watch_ejections(self, ejector: Ejector) -> None:
         """Publish which replicas the router's ejector keeps out, and its ejections."""

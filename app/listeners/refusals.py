@@ -1,5 +1,6 @@
 """What a listener refuses by itself, before any app sees a request: counted for
-``/metrics`` and logged, without letting a flood of refusals flood the log.
+``/metrics`` and logged, without letting a flood of refusals flood the log; and the
+connections it closes because they never sent a byte, counted and not logged.
 
 Each refusal is one of a small fixed set of reasons (``RefusalReason``): the metric's
 ``reason`` label takes no other value, whoever connects, so a hostile client opening
@@ -11,6 +12,12 @@ reason went unlogged since its last line (``refused_unlogged``): the first refus
 quiet minute is logged at once, the rest of a burst is in the count and in the next line
 (``app.domain.log_throttle``, as every throttled warning).
 Each line is a warning: something refused and handled (docs/operations.md, Logs).
+
+A connection that sends nothing before its header timeout is no refusal: load balancers and
+proxies open connections ahead of use and TCP health checks connect and say nothing, so a
+silent connection is healthy traffic. It is closed without an answer (no request was asked)
+and only counted (``closed_silent``), so that an alert on refusals fires on clients that
+began a request and stalled, never on a pool of idle connections.
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ class RefusalReason(StrEnum):
     CONNECTIONS = "connections"
     """503: the listener holds ``max_connections`` connections already."""
     HEADER_TIMEOUT = "header_timeout"
-    """408: the head did not arrive within ``header_timeout_s``."""
+    """408: the head, begun, did not arrive whole within ``header_timeout_s``; a connection
+    that sent nothing is no refusal (``ListenerRefusals.closed_silent``)."""
     BODY_TIMEOUT = "body_timeout"
     """408: the body did not arrive within ``body_timeout_s``."""
     HEADER_SIZE = "header_size"
@@ -50,9 +58,10 @@ class RefusalReason(StrEnum):
 
 
 class ListenerRefusals:
-    """The refusals of one listener since it was made. ``name``: the listener, as its log
-    lines and its metric's ``listener`` label both call it, so that a line is found from
-    the series it explains. ``clock``: monotonic seconds."""
+    """The refusals of one listener since it was made, and the silent connections it
+    closed. ``name``: the listener, as its log lines and its metrics' ``listener`` label
+    all call it, so that a line is found from the series it explains. ``clock``: monotonic
+    seconds."""
 
     def __init__(
         self,
@@ -64,12 +73,24 @@ class ListenerRefusals:
         self.name = name
         self._clock = clock
         self._totals = dict.fromkeys(RefusalReason, 0)
+        self._silent_closed = 0
         self._lines = LogThrottle(interval_s, max_keys=len(RefusalReason))
         """Every reason remembered: the reasons are few and fixed, whoever connects."""
 
     def totals(self) -> dict[RefusalReason, int]:
         """Refusals by reason, every reason present."""
         return dict(self._totals)
+
+    @property
+    def silent_closed(self) -> int:
+        """Connections closed for sending nothing within the header timeout."""
+        return self._silent_closed
+
+    def closed_silent(self) -> None:
+        """Count a connection closed, unanswered, for sending no byte within the header
+        timeout: a preconnected or health-checking peer, not a refusal, so not logged (a
+        pool of such connections would be a line each)."""
+        self._silent_closed += 1
 
     def refused(
         self,
@@ -96,25 +117,35 @@ class ListenerRefusals:
         )
 
 
-class RefusalCollector(Collector):
-    """``metric`` (a counter's name, without ``_total``) of each of ``listeners``'
-    refusals, by ``listener`` (its ``name``, as its log lines say) and reason, read at each
-    scrape."""
+class ListenerCollector(Collector):
+    """Two counters of each of ``listeners``, by ``listener`` (its ``name``, as its log
+    lines say), read at each scrape: ``{prefix}_refusals`` by reason, and
+    ``{prefix}_idle_closed``, the connections closed for sending nothing. Each listener has
+    every series from the start."""
 
-    def __init__(self, metric: str, listeners: Sequence[ListenerRefusals]) -> None:
-        self._metric = metric
+    def __init__(self, prefix: str, listeners: Sequence[ListenerRefusals]) -> None:
+        self._prefix = prefix
         self._listeners = listeners
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(
-            self._metric,
+        refusals = CounterMetricFamily(
+            f"{self._prefix}_refusals",
             "Connections and requests the listener refused itself, before any request "
             "reached the app, by listener and reason: connections (503 at max connections), "
             "header_timeout and body_timeout (408), header_size (431), body_size (413), "
             "malformed (400), framing (400 or 505).",
             labels=["listener", "reason"],
         )
-        for refusals in self._listeners:
-            for reason, total in refusals.totals().items():
-                family.add_metric([refusals.name, reason.value], total)
-        yield family
+        idle_closed = CounterMetricFamily(
+            f"{self._prefix}_idle_closed",
+            "Connections the listener closed without an answer because they sent no byte "
+            "within the header timeout (preconnected by a load balancer or proxy, or a TCP "
+            "health check), by listener; not refusals.",
+            labels=["listener"],
+        )
+        for listener in self._listeners:
+            for reason, total in listener.totals().items():
+                refusals.add_metric([listener.name, reason.value], total)
+            idle_closed.add_metric([listener.name], listener.silent_closed)
+        yield refusals
+        yield idle_closed

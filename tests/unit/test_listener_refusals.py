@@ -1,11 +1,13 @@
 """A listener's refusals are counted by reason, and each reason is logged at most once an
-interval, the line saying how many went unlogged since the one before."""
+interval, the line saying how many went unlogged since the one before. A connection closed
+for sending nothing is counted apart, and logged not at all."""
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry, generate_latest
 from structlog.testing import capture_logs
 
-from app.listeners.refusals import ListenerRefusals, RefusalReason
+from app.listeners.refusals import ListenerCollector, ListenerRefusals, RefusalReason
 
 REFUSED_EVENT = "listener_refused"
 CLIENT = ("127.0.0.7", 40000)
@@ -54,3 +56,30 @@ def test_each_reason_is_throttled_on_its_own_and_every_reason_is_counted_from_ze
     assert set(totals) == set(RefusalReason)
     assert totals[RefusalReason.MALFORMED] == 2
     assert totals[RefusalReason.HEADER_TIMEOUT] == 0
+
+
+def test_a_silent_connection_closed_is_counted_apart_from_refusals_and_not_logged() -> None:
+    refusals = ListenerRefusals("client", clock=Clock())
+
+    with capture_logs() as logs:
+        refusals.closed_silent()
+        refusals.closed_silent()
+
+    assert logs == []
+    assert refusals.silent_closed == 2
+    assert set(refusals.totals().values()) == {0}
+
+
+def test_each_listener_has_its_refusals_and_its_silent_closes_from_the_start() -> None:
+    client, metrics = ListenerRefusals("client"), ListenerRefusals("metrics")
+    client.closed_silent()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ListenerCollector("llmgw_gateway_listener", [client, metrics]))
+
+    page = generate_latest(registry).decode()
+
+    assert 'llmgw_gateway_listener_idle_closed_total{listener="client"} 1.0' in page
+    assert 'llmgw_gateway_listener_idle_closed_total{listener="metrics"} 0.0' in page
+    assert 'llmgw_gateway_listener_refusals_total{listener="metrics",reason="connections"} 0.0' in (
+        page
+    )

@@ -26,13 +26,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from app.admin.metrics import LISTENER_REFUSALS, ClusterCollector, LiveFigures
+from app.admin.metrics import LISTENER_FAMILIES, ClusterCollector, LiveFigures
 from app.domain.autoscale_policy import MAX_COLD_START_S
 from app.domain.events import ModelUnplaceable
 from app.gateway.admission import ReplicaView
 from app.gateway.ejection import EjectionPolicy, Ejector
 from app.gateway.metrics import GatewayMetrics
-from app.listeners.refusals import ListenerRefusals, RefusalCollector, RefusalReason
+from app.listeners.refusals import ListenerCollector, ListenerRefusals, RefusalReason
 from app.pki.ends import CertificateEnd, CertificateRole
 from tests.unit.test_log_events import ROOT
 from tests.unit.test_reconcile import Cluster, of_type
@@ -103,7 +103,7 @@ def cluster_page(recent_pass_durations_s: Sequence[float] = (0.01, 0.02)) -> str
             [certificate],
         )
     )
-    registry.register(RefusalCollector(LISTENER_REFUSALS, [refused_once("admin")]))
+    registry.register(ListenerCollector(LISTENER_FAMILIES, [refused_once("admin")]))
     return generate_latest(registry).decode()
 
 
