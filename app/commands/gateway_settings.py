@@ -118,7 +118,8 @@ class GatewaySettings:
             converter=finite_number_flag,
             env_var="LLMGW_HEADER_TIMEOUT",
             help="seconds a client has to send a request's headers (from connecting, or from "
-            "the first byte of the next request); then it gets 408 and is disconnected",
+            "the first byte of the next request); then it gets 408 and is disconnected, or, "
+            "having sent nothing at all, is disconnected without an answer",
         ),
     ] = DEFAULT_HEADER_TIMEOUT_S
     body_timeout: Annotated[

@@ -26,7 +26,8 @@ The limits (``ListenerLimits``), as ``app.listeners.limits`` puts them on uvicor
 - the head within ``header_timeout_s`` of the connection opening, or of the first byte
   of the next request on a kept-alive one; the body within ``body_timeout_s`` of the
   head, not counting the time the socket is not read (flow control, a pipelined request
-  waiting); otherwise 408;
+  waiting); otherwise 408, but for a connection that sent no byte at all in that time,
+  which is closed without an answer and counted apart (``ListenerRefusals.closed_silent``);
 - a client that takes in nothing of its answer for ``send_timeout_s`` (the transport's
   buffer stays full) is disconnected, unsent bytes dropped: the app sees it gone, so its
   request ends and frees what it holds (a replica's slot at the gateway);
@@ -436,6 +437,14 @@ class HttpConnection(asyncio.Protocol):
         seconds, what = self._stage
         if what == _IDLE:
             self.due = math.inf
+            self.transport.close()
+            return
+        if self._stage is self.listener.head and self._head_bytes == 0:
+            # Nothing of a request came: a connection opened ahead of use (a load balancer's
+            # or a proxy's pool) or a TCP health check. Nobody asked anything, so nothing is
+            # answered and nothing refused; the slot it held is freed all the same.
+            self.due = math.inf
+            self.listener.refusals.closed_silent()
             self.transport.close()
             return
         reason = (

@@ -8,7 +8,10 @@ memory behind it, forever, and enough of them hold every connection the process 
 ``limited(protocol, limits)`` is uvicorn's HTTP protocol with four limits added:
 
 - the head (request line and headers) must arrive within ``header_timeout_s`` of the
-  connection opening, or of the first byte of the next request on a kept-alive one;
+  connection opening, or of the first byte of the next request on a kept-alive one; a
+  connection that sends no byte at all in that time (opened ahead of use by a load
+  balancer, a TCP health check) is closed without an answer, and counted apart from the
+  refusals (``ListenerRefusals.closed_silent``);
 - the body within ``body_timeout_s`` of the head (the listeners' own server leaves out the
   time it does not read the body: ``app.listeners.httpserver``);
 - a client that takes in nothing of an answer (the server's send buffer stays full) for
@@ -30,7 +33,9 @@ The timeouts are checked by one sweep per listener every second (or every quarte
 shorter timeout), so a late client is cut off up to that much after its time.
 
 A client over a limit gets a short answer (408, 413, 431 or 503 with ``Retry-After``, in the
-listener's own error shape) and its connection is closed; nobody else notices. Each refusal,
+listener's own error shape) and its connection is closed; nobody else notices. A
+connection that never sent a byte asked nothing and is no client over a limit: it is only
+closed. Each refusal,
 and each request uvicorn answers 400 for not parsing, is counted and logged by reason
 (``app.listeners.refusals``): uvicorn's own warning for every such request, which any
 client could repeat without end, is left out. The time between requests on a
@@ -368,6 +373,9 @@ def limited(
         def _sweep(loop: asyncio.AbstractEventLoop) -> None:
             now = loop.time()
             for connection in [c for c in Limited._open if c._due <= now]:
+                if connection._stage is head and connection._head_bytes == 0:
+                    connection._close_silent()
+                    continue
                 seconds, what = connection._stage
                 connection._refuse(
                     408,
@@ -392,6 +400,18 @@ def limited(
             Limited._sweeping = bool(Limited._open)
             if Limited._sweeping:
                 loop.call_later(sweep_every_s, Limited._sweep, loop)
+
+        def _close_silent(self) -> None:
+            """Nothing of a request came within the header timeout: a connection opened
+            ahead of use (a load balancer's or a proxy's pool) or a TCP health check.
+            Nobody asked anything, so nothing is answered and nothing refused; the slot it
+            held is freed all the same."""
+            self._due = math.inf
+            Limited._open.discard(self)
+            if self.transport.is_closing():
+                return  # closed already, for whatever came instead (uvicorn's own 400)
+            counted.closed_silent()
+            self.transport.close()
 
         def _refuse(
             self,

@@ -8,6 +8,11 @@ one, one HTTP cannot parse, one a proxy could frame otherwise, a body announced 
 limit) is counted and logged under a reason of its own. The admin API's listener (uvicorn
 with the same limits) does the same, and uvicorn's own warning for each request it cannot
 parse is left out of the log.
+
+A connection that sends nothing at all (a load balancer's connection opened ahead of use, a
+TCP health check) is no refusal: at its header timeout it is closed without an answer,
+counted under ``..._listener_idle_closed_total`` and not logged, while one that began a
+head and stalled is still answered 408 and counted as ``header_timeout``.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ REASONS = {
     "framing",
 }
 """The metric's ``reason`` label takes these values and no other (docs/operations.md)."""
+GATEWAY_IDLE_CLOSED = "llmgw_gateway_listener_idle_closed"
 CAP = 4
 CAPPED = ListenerLimits(header_timeout_s=30.0, body_timeout_s=30.0, max_connections=CAP)
 QUICK = ListenerLimits(header_timeout_s=1.0, body_timeout_s=30.0, max_connections=64)
@@ -66,6 +72,14 @@ async def refusals_on(metrics_url: str, metric: str, listener: str) -> dict[str,
     series = f'{metric}_total{{listener="{listener}",reason="'
     pattern = "^" + re.escape(series) + r'([a-z_]+)"\} (\S+)$'
     return {reason: float(value) for reason, value in re.findall(pattern, page, re.MULTILINE)}
+
+
+async def idle_closed_on(metrics_url: str, metric: str) -> dict[str, float]:
+    """``{metric}_total`` (a counter labelled by listener alone), by listener."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        page = (await client.get(metrics_url)).text
+    pattern = "^" + re.escape(f'{metric}_total{{listener="') + r'([a-z]+)"\} (\S+)$'
+    return {listener: float(value) for listener, value in re.findall(pattern, page, re.M)}
 
 
 async def answer_to(port: int, request: bytes) -> bytes:
@@ -172,6 +186,7 @@ async def test_every_refusal_before_the_app_is_counted_and_logged_by_its_reason(
 # -- the admin API (uvicorn, with the same limits) ----------------------------------------
 
 ADMIN_REFUSALS = "llmgw_admin_listener_refusals"
+ADMIN_IDLE_CLOSED = "llmgw_admin_listener_idle_closed"
 
 
 async def test_the_admin_api_at_its_connection_limit_says_so_to_client_metrics_and_log(
@@ -282,3 +297,57 @@ async def test_an_admin_api_connection_idle_between_requests_is_not_refused(
 
     assert page["header_timeout"] == 1
     assert [e["reason"] for e in logs if e["event"] == REFUSED_EVENT] == ["header_timeout"]
+
+
+# -- a connection that never sends a byte is closed quietly, not refused ------------------
+
+SILENT_WITHIN = ListenerLimits(header_timeout_s=0.3, body_timeout_s=30.0, max_connections=64)
+STALLED_HEAD = b"GET / HTTP/1.1\r\n"
+WARNING_OR_ABOVE = {"warning", "error", "critical"}
+
+
+async def test_a_gateway_closes_a_silent_connection_unanswered_and_counts_it_apart() -> None:
+    _, record = new_key()
+    source = StaticSource(snapshot_of([], [record]))
+    with GatewayThread(source, limits=SILENT_WITHIN, metrics_port=0) as gateway:
+        before = await idle_closed_on(gateway.metrics_url, GATEWAY_IDLE_CLOSED)
+        with capture_logs() as logs:
+            silent = await answer_to(gateway.gateway.port, b"")
+            quiet_lines = [e for e in logs if e["log_level"] in WARNING_OR_ABOVE]
+            stalled = await answer_to(gateway.gateway.port, STALLED_HEAD)
+        after = await idle_closed_on(gateway.metrics_url, GATEWAY_IDLE_CLOSED)
+        counted = await refusals_of(gateway)
+
+    assert silent == b""
+    assert quiet_lines == []
+    assert before == {"client": 0, "metrics": 0}
+    assert after == {"client": 1, "metrics": 0}
+    assert status_of(stalled) == 408
+    assert counted["header_timeout"] == 1
+    assert sum(counted.values()) == 1
+    [line] = [e for e in logs if e["event"] == REFUSED_EVENT]
+    assert (line["reason"], line["status"]) == ("header_timeout", 408)
+
+
+async def test_the_admin_api_closes_a_silent_connection_unanswered_and_counts_it_apart(
+    pg_store: PostgresEventStore,
+) -> None:
+    async with admin_listener(pg_store, SILENT_WITHIN) as port:
+        metrics_url = f"http://127.0.0.1:{port}/metrics"
+        before = await idle_closed_on(metrics_url, ADMIN_IDLE_CLOSED)
+        with capture_logs() as logs:
+            silent = await answer_to(port, b"")
+            quiet_lines = [e for e in logs if e["log_level"] in WARNING_OR_ABOVE]
+            stalled = await answer_to(port, STALLED_HEAD)
+        after = await idle_closed_on(metrics_url, ADMIN_IDLE_CLOSED)
+        counted = await refusals_on(metrics_url, ADMIN_REFUSALS, "admin")
+
+    assert silent == b""
+    assert quiet_lines == []
+    assert before == {"admin": 0}
+    assert after == {"admin": 1}
+    assert status_of(stalled) == 408
+    assert counted["header_timeout"] == 1
+    assert sum(counted.values()) == 1
+    [line] = [e for e in logs if e["event"] == REFUSED_EVENT]
+    assert (line["reason"], line["status"]) == ("header_timeout", 408)
