@@ -12,17 +12,23 @@ seeded straight into the projection tables: 40 models, the live replicas and
 shard each, on one node per 4 live replicas, and 100 API keys. Then, on the runtime role's
 connection, as a gateway reads:
 
-- the statement (``read_routing_rows``: the round trip and decoding its JSON columns),
-  median and p90 of ``--repeat`` reads;
+- the statement reading every route (``read_routing_rows``: the round trip and decoding its
+  JSON columns), median and p90 of ``--repeat`` reads;
+- the statement reading the routes changed since the position before one change (an event
+  about one replica), as a gateway reads after its first read, median and p90;
 - building the ``GatewaySnapshot`` from its rows (``build_snapshot``), median and p90;
-- the bytes of its answer (the JSON columns as the server sends them);
-- at the largest size, its plan (``EXPLAIN (ANALYZE, BUFFERS)``), printed and kept;
-- reads a second of a real ``PostgresSnapshotSource`` while a writer appends projection
-  changes at each of ``--rates`` a second for ``--churn-s`` seconds (a replica's weight
-  changes, the checkpoint moves on and the log's channel is notified with the new position,
-  as an append does). Notifications that come while a read is under way set one flag: one
-  more read follows them all, so the reads a second are bounded by the read's own time plus
-  the debounce, not by the rate of changes.
+- the bytes of each answer (the JSON columns as the server sends them);
+- at the largest size, both plans (``EXPLAIN (ANALYZE, BUFFERS)``), printed and kept;
+- reads a second of a real ``PostgresSnapshotSource`` while a writer makes changes at each
+  of ``--rates`` a second for ``--churn-s`` seconds (an event about a replica is added,
+  the replica's weight changes, the checkpoint moves on to the event and the log's channel
+  is notified with it, as an append does), with a router and an egress check taking
+  each snapshot in as a gateway does, side by side: the source as a gateway runs it (reads
+  of what changed, its loop's share for snapshots bounded) and one that reads every route
+  on every read as soon as the last is done, as gateways did before. Notifications that
+  come while a read is under way set one flag: one more read follows them all, so the
+  reads a second are bounded by the read's own time plus the debounce (and the pace a
+  gateway keeps), not by the rate of changes.
 
 Results are printed and written to ``benchmarks/results/gateway-snapshot-<timestamp>.json``;
 ``docs/performance.md`` discusses them.
@@ -34,20 +40,35 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
 import msgspec
+from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.domain.model_spec import MAX_COLD_START_S
+from app.gateway.egress import EngineEgress
+from app.gateway.metrics import GatewayMetrics
+from app.gateway.router import Router
 from app.gateway.snapshot import snapshot_of_rows
-from app.gateway.source import DEFAULT_DEBOUNCE_S, PostgresSnapshotSource
+from app.gateway.source import (
+    DEFAULT_DEBOUNCE_S,
+    DEFAULT_WHOLE_READ_INTERVAL_S,
+    SNAPSHOT_SHARE,
+    PostgresSnapshotSource,
+)
+from app.gateway.table import GatewaySnapshot
 from app.store.postgres import CHECKPOINT, NOTIFY_CHANNEL
-from app.store.routing_rows import _READ_ROWS, EXPIRED_KEYS_KEPT, read_routing_rows
+from app.store.routing_rows import (
+    _READ_ROWS,
+    EXPIRED_KEYS_KEPT,
+    MAX_EVENTS_READ_AS_CHANGES,
+    read_routing_rows,
+)
 from benchmarks.common import (
     BenchServer,
     Machine,
@@ -86,6 +107,8 @@ JSON_COLUMNS = (
 class Churn(msgspec.Struct, frozen=True, kw_only=True):
     """A gateway's reads while the projection changes ``changes_per_s`` times a second."""
 
+    reads_changes: bool
+    """As a gateway reads (what changed); false: every route on every read."""
     changes_per_s: float
     """Asked for."""
     changes: int
@@ -93,10 +116,16 @@ class Churn(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float
     reads: int
     reads_per_s: float
+    whole_reads: int
+    """Of the reads, those of every route."""
+    gateway_share: float
+    """Of the gateway's event loop, the share taking in what it read took: building each
+    snapshot and handing it to a router and an egress check as a gateway does."""
     changes_per_read: float
     statement_share: float
     """Of one database connection's time, this gateway's reads took about this share:
-    reads a second times the statement's median."""
+    reads of every route a second times that statement's median, plus the other reads a
+    second times the median of the read of one change."""
 
 
 class Size(msgspec.Struct, frozen=True, kw_only=True):
@@ -109,11 +138,15 @@ class Size(msgspec.Struct, frozen=True, kw_only=True):
     routes_bytes: int
     statement_median_ms: float
     statement_p90_ms: float
+    changes_median_ms: float
+    changes_p90_ms: float
+    changes_bytes: int
     build_median_ms: float
     build_p90_ms: float
     load_average: tuple[float, float, float]
     churn: list[Churn] = []
     plan: list[str] = []
+    changes_plan: list[str] = []
 
 
 class Results(msgspec.Struct, frozen=True, kw_only=True):
@@ -194,30 +227,35 @@ async def seed(db: asyncpg.Connection, live: int, ended: int, nodes: int) -> Non
 # -- measuring -----------------------------------------------------------------------------
 
 
-async def answer_bytes(db: asyncpg.Connection) -> tuple[int, int]:
+def _statement_arguments(since: int) -> tuple[object, ...]:
+    return CHECKPOINT, MAX_COLD_START_S, EXPIRED_KEYS_KEPT, since, MAX_EVENTS_READ_AS_CHANGES
+
+
+async def answer_bytes(db: asyncpg.Connection, since: int) -> tuple[int, int]:
     """The bytes of the statement's JSON columns, all of them and the routes alone."""
-    row = await db.fetchrow(_READ_ROWS, CHECKPOINT, MAX_COLD_START_S, EXPIRED_KEYS_KEPT)
+    row = await db.fetchrow(_READ_ROWS, *_statement_arguments(since))
     assert row is not None
     sizes = {name: len(str(row[name]).encode()) for name in JSON_COLUMNS}
     return sum(sizes.values()), sizes["routes"]
 
 
-async def plan(db: asyncpg.Connection) -> list[str]:
-    rows = await db.fetch(
-        "EXPLAIN (ANALYZE, BUFFERS) " + _READ_ROWS, CHECKPOINT, MAX_COLD_START_S, EXPIRED_KEYS_KEPT
-    )
+async def plan(db: asyncpg.Connection, since: int) -> list[str]:
+    rows = await db.fetch("EXPLAIN (ANALYZE, BUFFERS) " + _READ_ROWS, *_statement_arguments(since))
     return [str(r[0]) for r in rows]
 
 
-async def time_reads(db: asyncpg.Connection, repeat: int) -> tuple[list[float], list[float], int]:
-    """Milliseconds of each statement and of each build, and the routes read."""
+async def time_reads(
+    db: asyncpg.Connection, repeat: int, since: int | None = None
+) -> tuple[list[float], list[float], int]:
+    """Milliseconds of each statement and of each build, and the routes read: every route,
+    or with ``since`` those changed after it."""
     for _ in range(3):  # warm the caches and the prepared statement
-        await read_routing_rows(db, within_s=STATEMENT_TIMEOUT_S)
+        await read_routing_rows(db, within_s=STATEMENT_TIMEOUT_S, since=since)
     statement_ms, build_ms = [], []
     routes = 0
     for _ in range(repeat):
         started = time.perf_counter()
-        rows = await read_routing_rows(db, within_s=STATEMENT_TIMEOUT_S)
+        rows = await read_routing_rows(db, within_s=STATEMENT_TIMEOUT_S, since=since)
         read = time.perf_counter()
         snapshot_of_rows(rows)
         built = time.perf_counter()
@@ -227,42 +265,90 @@ async def time_reads(db: asyncpg.Connection, repeat: int) -> tuple[list[float], 
     return statement_ms, build_ms, routes
 
 
+_POSITION = "SELECT position FROM projection_checkpoints WHERE name = $1"
+
 _CHANGE = """
-WITH moved AS (
-  UPDATE projection_checkpoints SET position = position + 1 WHERE name = $1
+WITH event AS (
+  INSERT INTO events (stream, version, type, schema_version, data, meta, event_id,
+                      recorded_at, replica_id, actor, previous_position, chain_hash)
+  SELECT 'replica-' || $2, coalesce(max(version), 0) + 1, 'model_tuned', 1, '{}', '{}',
+         gen_random_uuid(), now(), $2, 'bench', 0, sha256(''::bytea)
+  FROM events WHERE stream = 'replica-' || $2
+  RETURNING position),
+moved AS (
+  UPDATE projection_checkpoints SET position = (SELECT position FROM event) WHERE name = $1
   RETURNING position),
 changed AS (
   UPDATE replicas SET weight = (SELECT position FROM moved) % 7 + 1 WHERE id = $2)
 SELECT pg_notify($3, position::text) FROM moved
 """
+"""One change as an append makes it, without folding: an event about a replica (its
+chain left unfilled: nothing verifies this throwaway log), the replica's row, the
+checkpoint moved on to the event, the channel notified."""
+
+
+async def change(owner: asyncpg.Connection) -> None:
+    await owner.execute(_CHANGE, CHECKPOINT, "model-0-1", NOTIFY_CHANNEL)
+
+
+def as_a_gateway_takes_it() -> Callable[[GatewaySnapshot], None]:
+    """What a gateway does with each snapshot (``GatewayServer._use``): the egress check,
+    then the router."""
+    egress = EngineEgress(None, GatewayMetrics(CollectorRegistry()))
+    router = Router()
+
+    def take(snapshot: GatewaySnapshot) -> None:
+        router.update(egress.admit(snapshot))
+
+    return take
 
 
 async def churn(
-    owner: asyncpg.Connection, url: str, rate: float, seconds: float, statement_ms: float
+    owner: asyncpg.Connection,
+    url: str,
+    rate: float,
+    seconds: float,
+    statement_ms: float,
+    changes_ms: float,
+    *,
+    reads_changes: bool,
 ) -> Churn:
     """A gateway source following the database while ``rate`` changes a second land."""
-    source = PostgresSnapshotSource(url, gateway_id="bench", query_timeout_s=STATEMENT_TIMEOUT_S)
+    source = PostgresSnapshotSource(
+        url,
+        gateway_id="bench",
+        query_timeout_s=STATEMENT_TIMEOUT_S,
+        # As gateways read before: every route on every read, as soon as the last is done.
+        whole_read_interval_s=DEFAULT_WHOLE_READ_INTERVAL_S if reads_changes else 1e-9,
+        snapshot_share=SNAPSHOT_SHARE if reads_changes else 1.0,
+    )
+    source.subscribe(as_a_gateway_takes_it())
     await source.start(wait_s=STATEMENT_TIMEOUT_S)
     try:
-        loads = source.loads
+        loads, whole, taking_s = source.loads, source.whole_reads, source.taking_s
         started = time.perf_counter()
         changes = 0
         while (elapsed := time.perf_counter() - started) < seconds:
-            await owner.execute(_CHANGE, CHECKPOINT, "model-0-1", NOTIFY_CHANNEL)
+            await change(owner)
             changes += 1
             await asyncio.sleep(max(0.0, changes / rate - (time.perf_counter() - started)))
-        reads = source.loads - loads
+        reads, whole_reads = source.loads - loads, source.whole_reads - whole
+        taken_s = source.taking_s - taking_s
     finally:
         await source.close()
     reads_per_s = reads / elapsed
+    database_s = whole_reads * statement_ms + (reads - whole_reads) * changes_ms
     return Churn(
+        reads_changes=reads_changes,
         changes_per_s=rate,
         changes=changes,
         seconds=round(elapsed, 2),
         reads=reads,
         reads_per_s=round(reads_per_s, 2),
+        whole_reads=whole_reads,
+        gateway_share=round(taken_s / elapsed, 3),
         changes_per_read=round(changes / reads, 1) if reads else float("inf"),
-        statement_share=round(reads_per_s * statement_ms / 1000, 3),
+        statement_share=round(database_s / 1000 / elapsed, 3),
     )
 
 
@@ -281,12 +367,26 @@ async def measure(
             await settle(owner)
             seed_s = round(time.perf_counter() - started, 1)
             statement_ms, build_ms, routes = await time_reads(gateway, arguments.repeat)
-            total, routes_bytes = await answer_bytes(gateway)
-            plan_lines = await plan(owner) if explain else []
-            statement_median = median(statement_ms)
+            total, routes_bytes = await answer_bytes(gateway, -1)
+            await change(owner)
+            since = int(await owner.fetchval(_POSITION, CHECKPOINT)) - 1
+            changes_ms, _, _ = await time_reads(gateway, arguments.repeat, since)
+            changes_bytes, _ = await answer_bytes(gateway, since)
+            plan_lines = await plan(owner, -1) if explain else []
+            changes_plan = await plan(owner, since) if explain else []
+            statement_median, changes_median = median(statement_ms), median(changes_ms)
             churns = [
-                await churn(owner, runtime_url(url), rate, arguments.churn_s, statement_median)
+                await churn(
+                    owner,
+                    runtime_url(url),
+                    rate,
+                    arguments.churn_s,
+                    statement_median,
+                    changes_median,
+                    reads_changes=reads_changes,
+                )
                 for rate in arguments.rates
+                for reads_changes in (True, False)
             ]
         finally:
             await gateway.close()
@@ -301,11 +401,15 @@ async def measure(
         routes_bytes=routes_bytes,
         statement_median_ms=round(statement_median, 2),
         statement_p90_ms=round(percentile(statement_ms, 90), 2),
+        changes_median_ms=round(changes_median, 2),
+        changes_p90_ms=round(percentile(changes_ms, 90), 2),
+        changes_bytes=changes_bytes,
         build_median_ms=round(median(build_ms), 2),
         build_p90_ms=round(percentile(build_ms, 90), 2),
         load_average=load_average(),
         churn=churns,
         plan=plan_lines,
+        changes_plan=changes_plan,
     )
     return size, machine
 
@@ -341,34 +445,54 @@ def report(results: Results) -> str:
             f"{s.live_replicas:,} live + {s.ended_replicas:,} ended, {s.nodes:,} nodes",
             f"{s.statement_median_ms:.1f}",
             f"{s.statement_p90_ms:.1f}",
-            f"{s.build_median_ms:.1f}",
-            f"{s.build_p90_ms:.1f}",
             f"{s.answer_bytes / 1024:,.0f}",
+            f"{s.changes_median_ms:.2f}",
+            f"{s.changes_p90_ms:.2f}",
+            f"{s.changes_bytes / 1024:,.1f}",
+            f"{s.build_median_ms:.1f}",
             f"{s.routes:,}",
         ]
         for s in results.sizes
     ]
-    headers = ["fleet", "statement ms", "p90", "build ms", "p90", "answer KiB", "routes"]
+    headers = [
+        "fleet",
+        "every route ms",
+        "p90",
+        "KiB",
+        "one change ms",
+        "p90",
+        "KiB",
+        "build ms",
+        "routes",
+    ]
     lines.append(format_table(headers, rows))
     churn_rows = [
         [
             f"{s.live_replicas:,} live, {c.changes_per_s:g} changes/s",
+            "what changed" if c.reads_changes else "every route",
             f"{c.changes / c.seconds:.1f}",
             f"{c.reads_per_s:.2f}",
+            f"{c.whole_reads}",
             f"{c.changes_per_read:.1f}",
             f"{c.statement_share:.3f}",
+            f"{c.gateway_share:.3f}",
         ]
         for s in results.sizes
         for c in s.churn
     ]
     if churn_rows:
         lines += ["", "one gateway under a churning fleet:"]
-        headers = ["fleet", "changes/s", "reads/s", "changes/read", "db share"]
-        lines.append(format_table(headers, churn_rows))
-        lines.append("db share: reads/s x statement median, of one connection's time, per gateway")
+        headers = ["fleet", "reads", "changes/s", "reads/s", "of every route", "changes/read"]
+        lines.append(format_table([*headers, "db share", "gateway share"], churn_rows))
+        lines.append("db share: the reads' statement medians a second, of one connection's time")
+        lines.append("gateway share: of its event loop, taking in what it read")
     for s in results.sizes:
         if s.plan:
-            lines += ["", f"plan at {s.live_replicas:,} live replicas:", *s.plan]
+            lines += ["", f"plan of a read of every route at {s.live_replicas:,} live replicas:"]
+            lines += s.plan
+        if s.changes_plan:
+            lines += ["", f"plan of a read of one change at {s.live_replicas:,} live replicas:"]
+            lines += s.changes_plan
     lines.append(f"load average: {load_average()}")
     return "\n".join(lines)
 

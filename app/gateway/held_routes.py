@@ -5,8 +5,8 @@ per gateway at 20,000 replicas (docs/performance.md, "The routing snapshot read 
 fleet grows"), nearly all of it routes that did not change. So after its first read a
 gateway reads only the routes the events since its position may have changed
 (``app.store.routing_rows.RouteChanges``) and applies them here: every held route of a
-replica, node or model those events name is dropped, and the routes read put back. A read
-of every route replaces what is held.
+replica the read read again is dropped, and the routes it returned put back. A read of
+every route replaces what is held.
 """
 
 from __future__ import annotations
@@ -28,17 +28,13 @@ class HeldRoutes(msgspec.Struct, frozen=True):
 
 def routes_after(held: HeldRoutes | None, read: RoutingRows) -> HeldRoutes:
     """The routes after ``read``: all it read, for a read of every route; otherwise
-    ``held`` with the routes the read's changes name replaced by those it read."""
+    ``held`` with the routes of the replicas it read again replaced by those it returned."""
     changed = read.changed
     if changed is None:
         return HeldRoutes(read.position, {row.replica_id: row for row in read.routes})
     if held is None:
         raise ValueError("a read of changes applies to routes held; none are")
-    replicas, nodes, models = set(changed.replicas), set(changed.nodes), set(changed.models)
-    rows = {
-        replica_id: row
-        for replica_id, row in held.rows.items()
-        if replica_id not in replicas and row.node_id not in nodes and row.model not in models
-    }
+    read_again = set(changed.replicas)
+    rows = {k: row for k, row in held.rows.items() if k not in read_again}
     rows.update((row.replica_id, row) for row in read.routes)
     return HeldRoutes(read.position, rows)

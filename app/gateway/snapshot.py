@@ -60,20 +60,43 @@ async def read_routing(
     wall_clock: Callable[[], float] = time,
 ) -> tuple[GatewaySnapshot, HeldRoutes]:
     """The routing rows as a snapshot, and its routes to hold for the next read. With
-    ``held``, only the routes changed since its position are read (``app.gateway.held_routes``).
-    The snapshot says how far the database's clock is ahead of this machine's
-    (``wall_clock``): the database read its clock between this machine's two readings
-    around the statement, so the offset is right to within half the round trip."""
+    ``held``, only the routes changed since its position are read (``app.gateway.held_routes``)."""
+    since = held.position if held is not None else None
+    dated = await read_dated_rows(db, within_s=within_s, since=since, wall_clock=wall_clock)
+    return routing_of(dated, held)
+
+
+class DatedRows(msgspec.Struct, frozen=True):
+    """Routing rows, and how far the database's clock was ahead of this machine's."""
+
+    rows: RoutingRows
+    clock_offset_s: float
+
+
+async def read_dated_rows(
+    db: asyncpg.Connection,
+    *,
+    within_s: float,
+    since: int | None,
+    wall_clock: Callable[[], float] = time,
+) -> DatedRows:
+    """The routing rows (``read_routing_rows``), dated: the database read its clock between
+    this machine's (``wall_clock``) two readings around the statement, so the offset is
+    right to within half the round trip."""
     sent = wall_clock()
-    rows = await read_routing_rows(
-        db, within_s=within_s, since=held.position if held is not None else None
-    )
+    rows = await read_routing_rows(db, within_s=within_s, since=since)
     received = wall_clock()
+    return DatedRows(rows, rows.database_now - (sent + received) / 2)
+
+
+def routing_of(dated: DatedRows, held: HeldRoutes | None) -> tuple[GatewaySnapshot, HeldRoutes]:
+    """The snapshot rows read since ``held``'s position make (or rows of every route), and
+    the routes to hold for the next read."""
+    rows = dated.rows
     routes = routes_after(held, rows)
     if rows.changed is not None:
         rows = msgspec.structs.replace(rows, routes=list(routes.rows.values()), changed=None)
-    offset_s = rows.database_now - (sent + received) / 2
-    return snapshot_of_rows(rows, clock_offset_s=offset_s), routes
+    return snapshot_of_rows(rows, clock_offset_s=dated.clock_offset_s), routes
 
 
 def snapshot_of_rows(rows: RoutingRows, *, clock_offset_s: float = 0.0) -> GatewaySnapshot:

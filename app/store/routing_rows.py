@@ -53,29 +53,31 @@ touched AS MATERIALIZED (
   SELECT ARRAY(SELECT DISTINCT replica_id FROM changes WHERE replica_id IS NOT NULL) AS replicas,
          ARRAY(SELECT DISTINCT node_id FROM changes WHERE node_id IS NOT NULL) AS nodes,
          ARRAY(SELECT DISTINCT model FROM changes WHERE model IS NOT NULL) AS models),
+affected AS MATERIALIZED (
+  -- An array, not a subquery: the planner then looks each up by primary key, where for a
+  -- subquery it guessed a thousand rows and scanned every replica.
+  SELECT ARRAY(
+    SELECT unnest(replicas) FROM touched
+    UNION SELECT s.replica_id FROM shards s, touched
+          WHERE s.node_id = ANY(touched.nodes) AND s.shard_index = 0
+    UNION SELECT r.id FROM replicas r, touched
+          WHERE r.model = ANY(touched.models) AND r.routable) AS ids),
 routes AS (
-  SELECT t.replica_id, t.model, t.node_id, t.address, t.port, t.weight, t.target_waiting,
+  SELECT t.replica_id, t.model, t.address, t.port, t.weight, t.target_waiting,
          t.kv_ceiling, t.draining, t.revision,
          coalesce(n.remote_address, '') AS agent_address
   FROM routing_table t LEFT JOIN nodes n ON n.id = t.node_id
   WHERE (SELECT whole FROM whole)
   UNION ALL
-  SELECT t.replica_id, t.model, t.node_id, t.address, t.port, t.weight, t.target_waiting,
+  SELECT t.replica_id, t.model, t.address, t.port, t.weight, t.target_waiting,
          t.kv_ceiling, t.draining, t.revision,
          coalesce(n.remote_address, '') AS agent_address
   FROM routing_table t LEFT JOIN nodes n ON n.id = t.node_id
-  WHERE NOT (SELECT whole FROM whole) AND t.replica_id IN (
-    SELECT unnest(replicas) FROM touched
-    UNION SELECT s.replica_id FROM shards s, touched
-          WHERE s.node_id = ANY(touched.nodes) AND s.shard_index = 0
-    UNION SELECT r.id FROM replicas r, touched
-          WHERE r.model = ANY(touched.models) AND r.routable))
+  WHERE NOT (SELECT whole FROM whole) AND t.replica_id = ANY((SELECT ids FROM affected)::text[]))
 SELECT
   (SELECT position FROM checkpoint) AS position,
-  (SELECT CASE WHEN w.whole THEN NULL
-               ELSE json_build_object('replicas', t.replicas, 'nodes', t.nodes,
-                                      'models', t.models) END
-   FROM whole w, touched t) AS changed,
+  (SELECT CASE WHEN w.whole THEN NULL ELSE json_build_object('replicas', a.ids) END
+   FROM whole w, affected a) AS changed,
   extract(epoch FROM statement_timestamp())::float8 AS database_now,
   (SELECT coalesce(json_agg(name), '[]') FROM models WHERE NOT removed) AS declared,
   (SELECT coalesce(json_object_agg(name, floor(extract(epoch FROM declared_at))::bigint), '{}')
@@ -140,28 +142,24 @@ class RouteRow(msgspec.Struct, frozen=True):
     draining: bool
     agent_address: str = ""
     revision: int = FIRST_REVISION
-    node_id: str = ""
-    """The node of the replica's first shard (the one requests go to): a read of what
-    changed names the nodes whose replicas it read again (``RouteChanges``)."""
 
 
 class RouteChanges(msgspec.Struct, frozen=True):
-    """What a read of the changes since a position read the routes of again: every
-    replica, node and model an event since then is about (its ``replica_id``, ``node_id``
-    and ``model`` columns, the fold's ``subjects``). The routes read are every route of a
-    replica named, of a replica whose first shard is on a node named, and of a model named;
-    a route held from before that is one of those and was not read is gone.
+    """The replicas a read of the changes since a position read the routes of again: every
+    replica an event since then names, every replica whose first shard is on a node one
+    names, every routable replica of a model one names (the events' ``replica_id``,
+    ``node_id`` and ``model`` columns, the fold's ``subjects``). A route held from before
+    of one of these replicas that the read did not return is gone.
 
     That is all that can have changed: a route is a row of ``replicas`` with its first
-    ``shards`` row, its ``models`` row and its ``nodes`` row, and ``llmgw_append`` writes
-    the rows only of the entities its events are about (0017), each named by an event's
-    columns, but for the model of a replica an event names, whose row an append writes for
-    its counts (failures, replicas created) and never for what a route reads of it (its
-    routing settings change only with an event about the model)."""
+    ``shards`` row (a replica's shards never move), its ``models`` row and its ``nodes``
+    row, and ``llmgw_append`` writes the rows only of the entities its events are about
+    (0017), each named by an event's columns, but for the model of a replica an event
+    names, whose row an append writes for its counts (failures, replicas created) and never
+    for what a route reads of it (its routing settings change only with an event about the
+    model). A replica taken out of routing is named by the event that did it."""
 
     replicas: list[str]
-    nodes: list[str]
-    models: list[str]
 
 
 class CanaryRow(msgspec.Struct, frozen=True):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
@@ -30,10 +31,9 @@ from app.domain.keys import key_matches
 from app.domain.model_spec import AutoscalePolicy, RoutingSettings
 from app.domain.reports import GatewaysInFlight
 from app.gateway import source as source_module
-from app.gateway.held_routes import HeldRoutes
 from app.gateway.server import StaticSource
-from app.gateway.snapshot import read_snapshot
-from app.gateway.source import PostgresSnapshotSource
+from app.gateway.snapshot import DatedRows, read_snapshot
+from app.gateway.source import SNAPSHOT_SHARE, PostgresSnapshotSource
 from app.gateway.table import GatewaySnapshot
 from app.services.operations import Caller, Operations
 from app.store.database import driver_url
@@ -220,6 +220,34 @@ async def test_a_source_reads_every_route_again_once_its_interval_is_up(database
     await source.start()
     try:
         await wait_until(lambda: source.whole_reads >= 3, what="three reads of every route")
+    finally:
+        await source.close()
+
+
+async def test_a_gateway_slow_to_take_in_snapshots_reads_them_less_often(
+    pg_store: PostgresEventStore, database_url: str
+) -> None:
+    """Taking in a snapshot is work on the gateway's loop that grows with the fleet: after
+    one that took ``t``, the next read waits ``t * (1 / SNAPSHOT_SHARE - 1)``, however
+    soon the next change comes, so that work keeps to its share of the loop."""
+    taken: list[tuple[float, float]] = []
+
+    def slow(_: GatewaySnapshot) -> None:
+        started = time.monotonic()
+        time.sleep(0.1)  # the work of a large fleet's snapshot, on the loop
+        taken.append((started, time.monotonic()))
+
+    source = PostgresSnapshotSource(database_url, gateway_id=f"gw-{secrets.token_hex(4)}")
+    source.subscribe(slow)
+    await source.start()
+    try:
+        await wait_until(lambda: len(taken) == 1, what="the first snapshot taken in")
+        await declare_model(pg_store, name())
+
+        await wait_until(lambda: len(taken) == 2, what="the declared model's snapshot")
+        (first_started, first_done), (second_started, _) = taken
+        spent = first_done - first_started
+        assert second_started - first_done >= spent * (1 / SNAPSHOT_SHARE - 1)
     finally:
         await source.close()
 
@@ -722,18 +750,18 @@ async def test_a_connection_the_driver_finds_broken_late_is_told_in_one_line_and
 ) -> None:
     """Before, the driver's InternalClientError from a read was logged as a bug, with its
     traceback, as routing_table_read_failed: it is a broken connection, told as the others."""
-    real_read = source_module.read_routing
+    real_read = source_module.read_dated_rows
     failures: list[Exception] = []
 
     async def broken_once(
-        db: asyncpg.Connection, *, within_s: float, held: HeldRoutes | None
-    ) -> tuple[GatewaySnapshot, HeldRoutes]:
+        db: asyncpg.Connection, *, within_s: float, since: int | None
+    ) -> DatedRows:
         if not failures:
             failures.append(error("cannot switch to state 15; another operation is in progress"))
             raise failures[0]
-        return await real_read(db, within_s=within_s, held=held)
+        return await real_read(db, within_s=within_s, since=since)
 
-    monkeypatch.setattr(source_module, "read_routing", broken_once)
+    monkeypatch.setattr(source_module, "read_dated_rows", broken_once)
     source = PostgresSnapshotSource(database_url, gateway_id=f"gw-{secrets.token_hex(4)}")
     with capture_logs() as logs:
         await source.start(wait_s=0)

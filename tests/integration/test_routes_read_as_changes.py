@@ -214,5 +214,4 @@ def _route(replica_id: str) -> RouteRow:
         target_waiting=4,
         kv_ceiling=0.9,
         draining=False,
-        node_id="gpu-8",
     )

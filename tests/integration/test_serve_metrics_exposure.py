@@ -59,7 +59,16 @@ async def test_the_gateways_metrics_are_on_the_admin_listener_not_the_client_one
         "llmgw_gateway_requests",
         "llmgw_gateway_stale_replicas",
         "llmgw_gateway_replica_in_flight",
+        "llmgw_gateway_routing_reads",
     } <= families
+    whole_reads = [
+        s.value
+        for f in text_string_to_metric_families(on_the_admin_listener.text)
+        for s in f.samples
+        if s.name == "llmgw_gateway_routing_reads_total" and s.labels == {"read": "whole"}
+    ]
+    assert len(whole_reads) == 1
+    assert whole_reads[0] >= 1  # its first read read every route
 
 
 async def test_the_page_serve_publishes_follows_the_metric_rules(

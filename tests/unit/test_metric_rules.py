@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pytest
@@ -54,6 +55,7 @@ BOUNDED_LABELS = {
     "quantile": "a fixed list of quantiles",
     "le": "a histogram bucket",
     "listener": "one of the server's own listeners",
+    "read": "whole or changes",
 }
 """Every label there may be, and why its values are bounded. Never a request id, a key, an
 address, or anything else a client or a node names freely."""
@@ -147,7 +149,15 @@ def gateway_page() -> str:
     metrics.id_shared()
     metrics.rate_limits_degraded(False)
     metrics.watch_listener_refusals([refused_once("client"), refused_once("metrics")])
+    metrics.watch_routing_reads(RoutingReadsSoFar(loads=3, whole_reads=1, taking_s=0.02))
     return metrics.render().decode()
+
+
+@dataclass
+class RoutingReadsSoFar:
+    loads: int
+    whole_reads: int
+    taking_s: float
 
 
 PAGES = {"cluster": cluster_page, "gateway": gateway_page}
