@@ -52,7 +52,7 @@ def _serving_fleet(draw: st.DrawFn) -> list[list[AnyEvent]]:
     in between, and may contradict any of it)."""
     batches: list[list[AnyEvent]] = [
         [ModelDeclared(model=m, spec=_spec(m, 1.0)) for m in MODELS],
-        [NodeRegistered(node_id=n, address=f"10.0.0.{i}") for i, n in enumerate(NODES, start=1)],
+        [NodeRegistered(node_id=n, address=f"127.0.0.{i}") for i, n in enumerate(NODES, start=1)],
     ]
     for number, replica_id in enumerate(REPLICAS, start=1):
         node = draw(st.sampled_from(NODES))
@@ -63,7 +63,7 @@ def _serving_fleet(draw: st.DrawFn) -> list[list[AnyEvent]]:
     changes = st.one_of(
         st.builds(
             lambda n, last: NodeConnected(
-                node_id=n, address=f"10.1.0.{last}", remote_address=f"192.0.2.{last}"
+                node_id=n, address=f"127.0.1.{last}", remote_address=f"127.0.2.{last}"
             ),
             st.sampled_from(NODES),
             st.integers(1, 254),
@@ -159,7 +159,7 @@ async def test_a_read_further_back_than_its_bound_reads_every_route(database_url
         _, held = await read_routing(db, within_s=5.0)
         stale = HeldRoutes(held.position, {"gone-1": _route("gone-1")})
         many = [
-            NodeRegistered(node_id=f"n{i}", address=f"10.2.{i // 250}.{i % 250}")
+            NodeRegistered(node_id=f"n{i}", address=f"127.3.{i // 250}.{i % 250}")
             for i in range(MAX_EVENTS_READ_AS_CHANGES + 1)
         ]
         await _append(store, many)
@@ -188,7 +188,7 @@ async def test_a_read_of_changes_leaves_the_routes_no_event_names_as_held(
         untouched = _route("qwen-7")
         held = HeldRoutes(held.position, {untouched.replica_id: untouched})
 
-        await _append(store, [NodeRegistered(node_id="gpu-9", address="10.0.0.9")])
+        await _append(store, [NodeRegistered(node_id="gpu-9", address="127.0.0.9")])
         _, after = await read_routing(db, within_s=5.0, held=held)
 
         assert after.rows == {"qwen-7": untouched}
@@ -208,7 +208,7 @@ def _route(replica_id: str) -> RouteRow:
     return RouteRow(
         replica_id=replica_id,
         model=replica_id.rsplit("-", 1)[0],
-        address="10.9.9.9",
+        address="127.9.9.9",
         port=20000,
         weight=1.0,
         target_waiting=4,

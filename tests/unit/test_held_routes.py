@@ -13,7 +13,7 @@ def route(replica_id: str, *, weight: float = 1.0) -> RouteRow:
     return RouteRow(
         replica_id=replica_id,
         model=replica_id.rsplit("-", 1)[0],
-        address="10.0.0.1",
+        address="127.0.0.1",
         port=20000,
         weight=weight,
         target_waiting=4,
