@@ -9,7 +9,8 @@
   position it holds (``app.gateway.held_routes``), so that a read costs the database what
   changed, not the size of the fleet;
 - LISTENs on the log's channel: an append wakes it, and after ``debounce_s`` (one read for
-  a burst of appends) it reads again, so a revoked key is refused within a second;
+  a burst of appends; longer on a large fleet under steady change, ``SNAPSHOT_SHARE``) it
+  reads again, so a revoked key is refused within a second (two at 20,000 routes);
 - reads again every ``refresh_interval_s`` anyway, in case a notification was lost.
 
 What the gateway reports to the control plane goes on a connection of its own
@@ -218,7 +219,7 @@ class PostgresSnapshotSource:
             done = monotonic()
             self.taking_s += done - started
             self._next_read_from = done + min((done - started) * self._pace, MAX_PACE_S)
-        if held is None:
+        if dated.rows.changed is None:  # every route read: asked for, or too far behind
             self.whole_reads += 1
             self._whole_read_due = done + self._whole_read_interval_s
 

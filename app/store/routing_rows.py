@@ -152,12 +152,13 @@ class RouteChanges(msgspec.Struct, frozen=True):
     of one of these replicas that the read did not return is gone.
 
     That is all that can have changed: a route is a row of ``replicas`` with its first
-    ``shards`` row (a replica's shards never move), its ``models`` row and its ``nodes``
-    row, and ``llmgw_append`` writes the rows only of the entities its events are about
-    (0017), each named by an event's columns, but for the model of a replica an event
-    names, whose row an append writes for its counts (failures, replicas created) and never
-    for what a route reads of it (its routing settings change only with an event about the
-    model). A replica taken out of routing is named by the event that did it."""
+    ``shards`` row (a shard adopted on another node is named by the event that adopts it),
+    its ``models`` row and its ``nodes`` row, and ``llmgw_append`` writes the rows only of
+    the entities its events are about (0017), each named by an event's columns, but for the
+    model of a replica an event names, whose row an append writes for its counts (failures,
+    replicas created) and never for what a route reads of it (its routing settings change
+    only with an event about the model). A replica taken out of routing is named by the
+    event that did it."""
 
     replicas: list[str]
 
