@@ -32,6 +32,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from app.domain.egress import EngineNetworks
+from app.domain.traffic_cut import in_canary_step
 from app.gateway.app import GatewayApp, MetricsApp
 from app.gateway.egress import EngineEgress
 from app.gateway.ejection import EjectionPolicy
@@ -51,7 +52,7 @@ from app.listeners.lifespan import LifespanFailed
 from app.listeners.limits import ListenerLimits
 from app.listeners.refusals import ListenerRefusals
 from app.listeners.throttle import FailureBudget, FailureLimits
-from app.store.gateway_reports import TrafficReport
+from app.store.gateway_reports import MAX_REPORTED_REPLICAS, TrafficReport, bounded
 
 log = structlog.get_logger("llmgw.gateway")
 
@@ -290,8 +291,17 @@ class Gateway:
         return {e.replica_id: e.ejections for e in self.router.ejector.ejected()}
 
     def traffic_report(self) -> TrafficReport:
-        """What this gateway saw of each replica's requests over its window."""
-        return TrafficReport(window_s=self.traffic.window_s, replicas=self.traffic.report())
+        """What this gateway saw of each replica's requests over its window; past what a
+        report lists, the replicas of the models its routing snapshot has in a canary step
+        kept first (``app.domain.traffic_cut``), for their rollouts' verdicts to read."""
+        report = TrafficReport(window_s=self.traffic.window_s, replicas=self.traffic.report())
+        if len(report.replicas) <= MAX_REPORTED_REPLICAS:
+            return report
+        snapshot = self.source.current()
+        routed = {
+            route.replica_id: model for model, routes in snapshot.routes.items() for route in routes
+        }
+        return bounded(report, first=in_canary_step(report.replicas, snapshot.canaries, routed))
 
     async def start(self) -> None:
         if self._clients is not None:

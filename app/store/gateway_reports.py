@@ -53,6 +53,7 @@ from app.domain.log_throttle import LogThrottle
 from app.domain.model_spec import NAME_PATTERN
 from app.domain.reports import SILENT_HOLD_S, GatewaysInFlight
 from app.domain.traffic import ReplicaTraffic, TrafficFigures, WindowSeconds
+from app.domain.traffic_cut import kept_and_left
 from app.domain.traffic_left_out import (
     UNREADABLE,
     GatewayTraffic,
@@ -70,7 +71,8 @@ FORGET_AFTER_S = 3600.0
 past the age every reader leaves it out at (``SILENT_HOLD_S``), and long enough for an
 operator to read a crashed gateway's last report."""
 MAX_REPORTED_REPLICAS = 2000
-"""A report lists at most this many replicas, the busiest; a reader refuses more. One that
+"""A report lists at most this many replicas, those of models in a canary step first, then
+the busiest; a reader refuses more. One that
 leaves replicas out names the models it heard among them (``left_out``)."""
 MAX_REPLICA_TRAFFIC_BYTES = 64 * 1024
 """One replica's figures are three histograms of at most 185 buckets: far below this."""
@@ -286,19 +288,20 @@ _decode_count = msgspec.json.Decoder(QueuedCount).decode
 _decode_in_a_row = msgspec.json.Decoder(EjectionsInARow).decode
 
 
-def bounded(report: TrafficReport, most: int = MAX_REPORTED_REPLICAS) -> TrafficReport:
-    """``report`` with at most ``most`` replicas, the busiest, and the models heard among
-    those it leaves out (``app.domain.traffic_left_out``): the least used are a lightly used
-    model's, which must not look idle for being left out."""
+def bounded(
+    report: TrafficReport, most: int = MAX_REPORTED_REPLICAS, first: Collection[str] = frozenset()
+) -> TrafficReport:
+    """``report`` with at most ``most`` replicas, those in ``first`` (a canary step's:
+    ``app.domain.traffic_cut``) and then the busiest, and the models heard among those it
+    leaves out (``app.domain.traffic_left_out``): the least used are a lightly used model's,
+    which must not look idle for being left out. A report within ``most`` is ``report``."""
     if len(report.replicas) <= most:
         return report
-    ranked = sorted(report.replicas.items(), key=lambda item: item[1].requests + item[1].cancelled)
-    cut = len(ranked) - most
-    left = ranked[:cut]
+    kept, left = kept_and_left(report.replicas, most, first)
     heard = (replica for replica, seen in left if seen.requests or seen.cancelled)
     return TrafficReport(
         window_s=report.window_s,
-        replicas=dict(ranked[cut:]),
+        replicas=dict(kept),
         left_out=leaving_out([replica for replica, _ in left], heard, earlier=report.left_out),
     )
 
