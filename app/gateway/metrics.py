@@ -16,8 +16,8 @@ not every model it ever served.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from typing import Protocol
 
+import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -161,20 +161,22 @@ class _EjectionCollector(Collector):
         yield from (ejected, ejections)
 
 
-class RoutingReads(Protocol):
-    """A source's reads of the routing table (``app.gateway.source.PostgresSnapshotSource``)."""
+class RoutingReadCounts(msgspec.Struct, frozen=True):
+    """A gateway's reads of the routing table so far (``app.gateway.source``)."""
 
-    @property
-    def loads(self) -> int: ...
-    @property
-    def whole_reads(self) -> int: ...
-    @property
-    def taking_s(self) -> float: ...
+    reads: int
+    whole: int
+    """Of them, those of every route."""
+    taking_s: float
+    """Seconds of the event loop taking in what they read."""
+
+
+RoutingReadReader = Callable[[], RoutingReadCounts]
 
 
 class _RoutingReadCollector(Collector):
-    def __init__(self, reads: RoutingReads) -> None:
-        self._reads = reads
+    def __init__(self, read: RoutingReadReader) -> None:
+        self._read = read
 
     def collect(self) -> Iterator[Metric]:
         reads = CounterMetricFamily(
@@ -184,15 +186,15 @@ class _RoutingReadCollector(Collector):
             "the last read (changes).",
             labels=["read"],
         )
-        whole = self._reads.whole_reads
-        reads.add_metric(["whole"], whole)
-        reads.add_metric(["changes"], self._reads.loads - whole)
+        counts = self._read()
+        reads.add_metric(["whole"], counts.whole)
+        reads.add_metric(["changes"], counts.reads - counts.whole)
         taking = CounterMetricFamily(
             "llmgw_gateway_routing_take_seconds",
             "Seconds of the gateway's event loop spent building each routing snapshot read "
             "and handing it to the router; under steady change at most a tenth of the loop.",
         )
-        taking.add_metric([], self._reads.taking_s)
+        taking.add_metric([], counts.taking_s)
         yield from (reads, taking)
 
 
@@ -329,10 +331,10 @@ class GatewayMetrics:
         read at each scrape."""
         self.registry.register(ListenerCollector(LISTENER_FAMILIES, listeners))
 
-    def watch_routing_reads(self, reads: RoutingReads) -> None:
+    def watch_routing_reads(self, read: RoutingReadReader) -> None:
         """Publish the routing table's reads from the database and what taking them in cost
         the event loop, read at each scrape."""
-        self.registry.register(_RoutingReadCollector(reads))
+        self.registry.register(_RoutingReadCollector(read))
 
     def watch_ejections(self, ejector: Ejector) -> None:
         """Publish which replicas the router's ejector keeps out, and its ejections."""

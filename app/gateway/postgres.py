@@ -164,7 +164,7 @@ class PostgresGateway:
             engine_timeouts=options.engine_timeouts,
             graceful_shutdown_s=options.shutdown_grace_s,
         )
-        self.gateway.metrics.watch_routing_reads(self.source)
+        self.gateway.metrics.watch_routing_reads(self.source.read_counts)
         self.budgets = BudgetKeeper(
             database_url,
             self.limiter,

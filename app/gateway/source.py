@@ -35,6 +35,7 @@ import msgspec
 import structlog
 
 from app.gateway.held_routes import HeldRoutes
+from app.gateway.metrics import RoutingReadCounts
 from app.gateway.reconnecting import ConnectedTask, require_positive
 from app.gateway.snapshot import read_dated_rows, routing_of
 from app.gateway.table import GatewaySnapshot, SnapshotListener
@@ -142,6 +143,10 @@ class PostgresSnapshotSource:
         """Call ``callback`` with every snapshot whose content changed (anything but its
         position and the time it was read)."""
         self._listeners.append(callback)
+
+    def read_counts(self) -> RoutingReadCounts:
+        """The reads so far, for ``/metrics``."""
+        return RoutingReadCounts(self.loads, self.whole_reads, self.taking_s)
 
     def routing_position(self) -> int | None:
         """The position of the routing table the gateway routes by; None before the first

@@ -19,7 +19,6 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pytest
@@ -32,7 +31,7 @@ from app.domain.autoscale_policy import MAX_COLD_START_S
 from app.domain.events import ModelUnplaceable
 from app.gateway.admission import ReplicaView
 from app.gateway.ejection import EjectionPolicy, Ejector
-from app.gateway.metrics import GatewayMetrics
+from app.gateway.metrics import GatewayMetrics, RoutingReadCounts
 from app.listeners.refusals import ListenerCollector, ListenerRefusals, RefusalReason
 from app.pki.ends import CertificateEnd, CertificateRole
 from tests.unit.test_log_events import ROOT
@@ -149,15 +148,8 @@ def gateway_page() -> str:
     metrics.id_shared()
     metrics.rate_limits_degraded(False)
     metrics.watch_listener_refusals([refused_once("client"), refused_once("metrics")])
-    metrics.watch_routing_reads(RoutingReadsSoFar(loads=3, whole_reads=1, taking_s=0.02))
+    metrics.watch_routing_reads(lambda: RoutingReadCounts(reads=3, whole=1, taking_s=0.02))
     return metrics.render().decode()
-
-
-@dataclass
-class RoutingReadsSoFar:
-    loads: int
-    whole_reads: int
-    taking_s: float
 
 
 PAGES = {"cluster": cluster_page, "gateway": gateway_page}
