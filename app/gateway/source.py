@@ -40,7 +40,7 @@ from app.gateway.reconnecting import ConnectedTask, require_positive
 from app.gateway.snapshot import read_dated_rows, routing_of
 from app.gateway.table import GatewaySnapshot, SnapshotListener
 from app.store.database import driver_url
-from app.store.postgres import NOTIFY_CHANNEL
+from app.store.postgres import NOTIFY_CHANNEL, REBUILT
 
 log = structlog.get_logger(__name__)
 
@@ -48,8 +48,9 @@ DEFAULT_REFRESH_INTERVAL_S = 5.0
 DEFAULT_DEBOUNCE_S = 0.05
 DEFAULT_WHOLE_READ_INTERVAL_S = 30.0
 """How often a gateway reads every route rather than what changed: a bound on how long a
-route changed without an event (``projections rebuild`` rewriting a wrong row) goes unseen.
-At 20,000 replicas that is a tenth of a second of the database's time every 30 s."""
+route changed without an event goes unseen (``projections rebuild``, which rewrites rows so,
+says so on the channel, ``REBUILT``, and is read at once). At 20,000 replicas that is a
+tenth of a second of the database's time every 30 s."""
 SNAPSHOT_SHARE = 0.1
 """The most of the gateway's event loop that taking in new snapshots may take under steady
 change: building one and handing it to the router and the egress check is work on the
@@ -244,6 +245,8 @@ class PostgresSnapshotSource:
     # -- events -----------------------------------------------------------------------------
 
     def _on_notify(self, _connection: Any, _pid: int, _channel: str, payload: str) -> None:
+        if payload == REBUILT:  # rows rewritten without an event: no change names them
+            self._whole_read_due = 0.0
         with contextlib.suppress(ValueError):
             if int(payload) <= self._snapshot.position:
                 return  # already read (our own periodic read got there first)

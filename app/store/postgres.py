@@ -63,6 +63,10 @@ from app.store.snapshot_table import PostgresFoldSnapshots
 
 APPEND_LOCK_KEY = 0x6C6C6D67_77000001  # "llmgw" + 1: one key for the whole log
 NOTIFY_CHANNEL = "llmgw_events"
+REBUILT = "rebuilt"
+"""What a projection rebuild notifies the log's channel with (an append notifies its last
+position): rows may have changed without an event, so a reader that follows the events to
+know what changed reads everything again."""
 CHECKPOINT = "main"
 
 _SELECT_EVENTS = f"SELECT {RECORDED_COLUMNS} FROM events"

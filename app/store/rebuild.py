@@ -31,7 +31,7 @@ from app.store.database import (
     translated_errors,
 )
 from app.store.errors import CommitOutcomeUnknown, StoreUnavailable
-from app.store.postgres import APPEND_LOCK_KEY, CHECKPOINT
+from app.store.postgres import APPEND_LOCK_KEY, CHECKPOINT, NOTIFY_CHANNEL, REBUILT
 from app.store.projection import GpuRow, Row, all_rows
 from app.store.replay import SnapshotDifference, replay_checking_snapshots, replay_into
 from app.store.tables import PROJECTION_TABLES
@@ -105,6 +105,8 @@ async def _rebuild(engine: AsyncEngine, *, verify: bool) -> RebuildReport:
                 state.position,
                 CHECKPOINT,
             )
+            # Told once it commits: gateways read every route again (``REBUILT``).
+            await db.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, REBUILT)
         await _commit(transaction)
     return RebuildReport(
         events=count,

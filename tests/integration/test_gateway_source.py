@@ -36,7 +36,7 @@ from app.gateway.snapshot import DatedRows, read_snapshot
 from app.gateway.source import SNAPSHOT_SHARE, PostgresSnapshotSource
 from app.gateway.table import GatewaySnapshot
 from app.services.operations import Caller, Operations
-from app.store.database import driver_url
+from app.store.database import connection, driver_url
 from app.store.database_url import parse_database_url
 from app.store.gateway_reports import (
     FORGET_AFTER_S,
@@ -46,6 +46,7 @@ from app.store.gateway_reports import (
 )
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
+from app.store.rebuild import rebuild
 from app.store.routing_rows import EXPIRED_KEYS_KEPT
 from tests.support.gateway import GatewayThread, new_key
 from tests.support.reporting_gateway import reporting_gateway
@@ -206,6 +207,37 @@ async def test_after_its_first_read_a_source_reads_only_what_changed(
         )
         assert source.whole_reads == 1
         assert source.loads > 1
+    finally:
+        await source.close()
+
+
+async def test_a_projection_rebuild_makes_a_source_read_every_route_at_once(
+    pg_store: PostgresEventStore, database_url: str
+) -> None:
+    """A rebuild rewrites rows without an event, so no read of changes would see them: it
+    says so on the log's channel, and the source reads every route again."""
+    model = name()
+    node = f"gpu-{secrets.token_hex(3)}"
+    await connect_node(pg_store, node, "127.0.0.1")
+    await declare_model(pg_store, model)
+    replica = await serve_replica(pg_store, model, 1, node, 21001)
+    async with connection(pg_store.engine) as db:  # a row no event wrote
+        await db.execute("UPDATE replicas SET weight = 7 WHERE id = $1", replica)
+    source = PostgresSnapshotSource(
+        database_url, gateway_id=f"gw-{secrets.token_hex(4)}", whole_read_interval_s=3600
+    )
+    await source.start()
+    try:
+        assert [r.weight for r in source.current().routes[model]] == [7.0]
+
+        await rebuild(pg_store.engine, verify=False)
+
+        await wait_until(
+            lambda: [r.weight for r in source.current().routes[model]] == [1.0],
+            within_s=2.0,
+            what="the route as the log has it",
+        )
+        assert source.whole_reads == 2
     finally:
         await source.close()
 
