@@ -7,6 +7,12 @@ gateway reads only the routes the events since its position may have changed
 (``app.store.routing_rows.RouteChanges``) and applies them here: every held route of a
 replica the read read again is dropped, and the routes it returned put back. A read of
 every route replaces what is held.
+
+The routes are held as the snapshot has them too, a tuple per model (``routes``): a read of
+changes builds new tuples for the models it touched only, and every other model keeps its
+tuple, the same object, so what takes the snapshot in (``app.gateway.egress``,
+``app.gateway.router``) can pass over the models whose tuple it has seen, and a snapshot
+costs what changed rather than the fleet (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from app.gateway.table import Route
 from app.store.routing_rows import RouteRow, RoutingRows
 
 
@@ -24,6 +31,9 @@ class HeldRoutes(msgspec.Struct, frozen=True):
 
     position: int
     rows: Mapping[str, RouteRow]
+    routes: Mapping[str, tuple[Route, ...]] | None = None
+    """``rows`` as the snapshot's routes, by model (``app.gateway.snapshot.routing_of``);
+    ``None``: not built yet, and the next read builds them all."""
 
 
 def routes_after(held: HeldRoutes | None, read: RoutingRows) -> HeldRoutes:
@@ -34,7 +44,8 @@ def routes_after(held: HeldRoutes | None, read: RoutingRows) -> HeldRoutes:
         return HeldRoutes(read.position, {row.replica_id: row for row in read.routes})
     if held is None:
         raise ValueError("a read of changes applies to routes held; none are")
-    read_again = set(changed.replicas)
-    rows = {k: row for k, row in held.rows.items() if k not in read_again}
+    rows = dict(held.rows)  # a copy, then a look-up per replica read again: not a walk
+    for replica_id in changed.replicas:
+        rows.pop(replica_id, None)
     rows.update((row.replica_id, row) for row in read.routes)
     return HeldRoutes(read.position, rows)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from time import monotonic, time
 from types import MappingProxyType
 
@@ -93,20 +93,82 @@ def routing_of(dated: DatedRows, held: HeldRoutes | None) -> tuple[GatewaySnapsh
     """The snapshot rows read since ``held``'s position make (or rows of every route), and
     the routes to hold for the next read."""
     rows = dated.rows
-    routes = routes_after(held, rows)
-    if rows.changed is not None:
-        rows = msgspec.structs.replace(rows, routes=list(routes.rows.values()), changed=None)
-    return snapshot_of_rows(rows, clock_offset_s=dated.clock_offset_s), routes
+    after = routes_after(held, rows)
+    if held is None or held.routes is None or rows.changed is None:
+        by_model = routes_by_model(after.rows.values())
+    else:
+        by_model = routes_changed(held.routes, held, after, rows)
+    after = msgspec.structs.replace(after, routes=by_model)
+    rows = msgspec.structs.replace(rows, routes=[], changed=None)
+    return snapshot_of_rows(rows, clock_offset_s=dated.clock_offset_s, by_model=by_model), after
 
 
-def snapshot_of_rows(rows: RoutingRows, *, clock_offset_s: float = 0.0) -> GatewaySnapshot:
-    """The snapshot the routing ``rows`` make, taken now (``monotonic``)."""
+def route_of(row: RouteRow) -> Route:
+    return Route(
+        replica_id=row.replica_id,
+        model=row.model,
+        url=engine_url(row.address, row.port),
+        weight=row.weight,
+        target_waiting=row.target_waiting,
+        kv_ceiling=row.kv_ceiling,
+        draining=row.draining,
+        agent_address=row.agent_address,
+        revision=row.revision,
+    )
+
+
+def routes_by_model(rows: Iterable[RouteRow]) -> dict[str, tuple[Route, ...]]:
+    """The routes of ``rows`` by model, each model's in the order of their replica ids."""
+    by_model: dict[str, list[Route]] = {}
+    for row in sorted(rows, key=lambda r: r.replica_id):
+        by_model.setdefault(row.model, []).append(route_of(row))
+    return {model: tuple(routes) for model, routes in by_model.items()}
+
+
+def routes_changed(
+    before: Mapping[str, tuple[Route, ...]],
+    held: HeldRoutes,
+    after: HeldRoutes,
+    read: RoutingRows,
+) -> dict[str, tuple[Route, ...]]:
+    """The routes by model after a read of changes (``read``) took ``held`` to ``after``,
+    from ``before`` (``held``'s): a new tuple for each model a replica read again was or is
+    routed for, built of its routes not read again and the new ones; every other model's
+    tuple as it was, the same object (``app.gateway.held_routes``)."""
+    read_again = {row.replica_id for row in read.routes}
+    read_again.update(read.changed.replicas if read.changed is not None else ())
+    touched = {held.rows[r].model for r in read_again if r in held.rows}
+    touched.update(after.rows[r].model for r in read_again if r in after.rows)
+    by_model = dict(before)
+    for model in touched:
+        routes = [route for route in before.get(model, ()) if route.replica_id not in read_again]
+        routes.extend(
+            route_of(row)
+            for r in read_again
+            if (row := after.rows.get(r)) is not None and row.model == model
+        )
+        if routes:
+            by_model[model] = tuple(sorted(routes, key=lambda route: route.replica_id))
+        else:
+            by_model.pop(model, None)
+    return by_model
+
+
+def snapshot_of_rows(
+    rows: RoutingRows,
+    *,
+    clock_offset_s: float = 0.0,
+    by_model: Mapping[str, tuple[Route, ...]] | None = None,
+) -> GatewaySnapshot:
+    """The snapshot the routing ``rows`` make, taken now (``monotonic``); ``by_model``: its
+    routes, built already (``rows.routes`` then unread)."""
     return build_snapshot(
         rows.position,
         rows.declared,
         rows.routes,
         rows.keys,
         monotonic(),
+        by_model=by_model,
         canaries=rows.canaries,
         cold_starts=rows.cold_starts,
         start_failures=rows.start_failures,
@@ -141,26 +203,15 @@ def build_snapshot(
     apis: Sequence[ApisRow] = (),
     created: Mapping[str, int] = MappingProxyType({}),
     clock_offset_s: float = 0.0,
+    by_model: Mapping[str, tuple[Route, ...]] | None = None,
 ) -> GatewaySnapshot:
-    by_model: dict[str, list[Route]] = {}
-    for row in sorted(routes, key=lambda r: r.replica_id):
-        by_model.setdefault(row.model, []).append(
-            Route(
-                replica_id=row.replica_id,
-                model=row.model,
-                url=engine_url(row.address, row.port),
-                weight=row.weight,
-                target_waiting=row.target_waiting,
-                kv_ceiling=row.kv_ceiling,
-                draining=row.draining,
-                agent_address=row.agent_address,
-                revision=row.revision,
-            )
-        )
+    """``by_model``: the routes, built already (``routes`` then unread); each model's tuple
+    is taken as it is, the same object, so that those of models no read changed stay the
+    tuples the last snapshot had."""
     names = frozenset(declared)
     return GatewaySnapshot(
         declared=names,
-        routes={model: tuple(replicas) for model, replicas in by_model.items()},
+        routes=dict(by_model) if by_model is not None else routes_by_model(routes),
         canaries={
             c.model: Canary(revision=c.revision, share=c.traffic)
             for c in canaries

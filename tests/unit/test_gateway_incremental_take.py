@@ -1,0 +1,248 @@
+"""A snapshot is taken in at the cost of what changed: a read of changes keeps the route
+tuple of every model it did not touch, and the egress check and the router pass over the
+models whose tuple they saw already. The oracle: after every snapshot of a sequence, what
+routing depends on is what a fresh ``EngineEgress`` and ``Router`` make of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.domain.egress import EngineNetworks
+from app.gateway.admission import Signals
+from app.gateway.egress import EngineEgress
+from app.gateway.held_routes import HeldRoutes
+from app.gateway.metrics import GatewayMetrics
+from app.gateway.router import Router
+from app.gateway.snapshot import DatedRows, routing_of
+from app.gateway.table import GatewaySnapshot
+from app.store.routing_rows import (
+    CanaryRow,
+    PolicyRow,
+    RouteChanges,
+    RouteRow,
+    RoutingRows,
+)
+
+MODELS = ("llama", "qwen", "mistral")
+REPLICAS = tuple(f"r{i}" for i in range(8))
+ADDRESSES = ("10.20.0.1", "10.20.0.2", "10.99.0.1")
+"""The last one is outside the engine networks: its routes are refused."""
+NETWORKS = "10.20.0.0/16"
+
+
+def route_row(
+    replica_id: str, model: str, *, address: str = "10.20.0.1", revision: int = 1
+) -> RouteRow:
+    return RouteRow(
+        replica_id=replica_id,
+        model=model,
+        address=address,
+        port=20000,
+        weight=1.0,
+        target_waiting=4,
+        kv_ceiling=0.9,
+        draining=False,
+        revision=revision,
+    )
+
+
+@dataclass
+class Fleet:
+    """The rows a database would hold, and what a gateway's reads of changes see of them."""
+
+    routes: dict[str, RouteRow] = field(default_factory=dict)
+    canaries: dict[str, CanaryRow] = field(default_factory=dict)
+    policies: dict[str, PolicyRow] = field(default_factory=dict)
+    position: int = 0
+
+    def rows(self, changed: RouteChanges | None) -> RoutingRows:
+        routes = list(self.routes.values())
+        if changed is not None:
+            routes = [self.routes[r] for r in changed.replicas if r in self.routes]
+        return RoutingRows(
+            position=self.position,
+            declared=list(MODELS),
+            created={},
+            canaries=list(self.canaries.values()),
+            cold_starts=[],
+            start_failures=[],
+            scaled_to_zero=[],
+            starting={},
+            policies=list(self.policies.values()),
+            routes=routes,
+            apis=[],
+            keys=[],
+            changed=changed,
+        )
+
+
+def read(
+    fleet: Fleet, held: HeldRoutes | None, touched: list[str]
+) -> tuple[GatewaySnapshot, HeldRoutes]:
+    """The snapshot a read of the changes to ``touched`` makes after ``held`` (of every
+    route without ``held``)."""
+    fleet.position += 1
+    changed = None if held is None else RouteChanges(replicas=touched)
+    return routing_of(DatedRows(fleet.rows(changed), 0.0), held)
+
+
+def policy_row(model: str, policy: str) -> PolicyRow:
+    return PolicyRow(model=model, routing=msgspec.Raw(msgspec.json.encode({"policy": policy})))
+
+
+# -- one change at a time ------------------------------------------------------------------
+
+Change = tuple[str, str, str, int]
+"""(what, replica or model, model or policy, a number): see ``apply``."""
+
+changes = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ("place", "remove", "address", "weight", "revision", "drain", "canary", "policy")
+        ),
+        st.sampled_from(REPLICAS + MODELS),
+        st.sampled_from((*MODELS, "least_loaded", "prefix", "session")),
+        st.integers(min_value=0, max_value=2),
+    ),
+    max_size=25,
+)
+
+
+def apply(fleet: Fleet, change: Change) -> list[str]:
+    """Make ``change`` to ``fleet``; the replicas whose routes it changed."""
+    what, subject, other, number = change
+    replica = subject if subject in REPLICAS else REPLICAS[MODELS.index(subject)]
+    model = subject if subject in MODELS else other if other in MODELS else MODELS[number]
+    row = fleet.routes.get(replica)
+    if what == "place":
+        fleet.routes[replica] = route_row(replica, model, revision=1 + number % 2)
+    elif what == "remove":
+        fleet.routes.pop(replica, None)
+    elif what == "canary":
+        if number == 0:
+            fleet.canaries.pop(model, None)
+        else:
+            fleet.canaries[model] = CanaryRow(model=model, revision=2, traffic=number / 4)
+        return []
+    elif what == "policy":
+        policy = other if other not in MODELS else "least_loaded"
+        fleet.policies[model] = policy_row(model, policy)
+        return []
+    elif row is not None:
+        if what == "address":
+            row = msgspec.structs.replace(row, address=ADDRESSES[number])
+        elif what == "weight":
+            row = msgspec.structs.replace(row, weight=1.0 + number)
+        elif what == "revision":
+            row = msgspec.structs.replace(row, revision=1 + number % 2)
+        else:
+            row = msgspec.structs.replace(row, draining=number == 1)
+        fleet.routes[replica] = row
+    return [replica]
+
+
+def routing_of_router(router: Router, models: frozenset[str]) -> dict[str, object]:
+    """What a router routes by: its replicas by model with their routes, pools, canary
+    splits and rendezvous, each model's policy, and the replicas its ejector tracks."""
+    chooser = router._chooser
+    splits = {
+        model: (
+            split.share,
+            [s.route for s in split.canary.replicas],
+            [s.route for s in split.stable.replicas],
+            members(split.canary.rendezvous),
+            members(split.stable.rendezvous),
+        )
+        for model, split in chooser._splits.items()
+    }
+    return {
+        "replicas": {
+            m: [s.route for s in states] for m, states in router.replicas.by_model.items()
+        },
+        "pools": {m: [s.route for s in pool.replicas] for m, pool in chooser._pools.items()},
+        "rendezvous": {m: members(router.rendezvous_of(m)) for m in models},
+        "splits": splits,
+        "policies": {m: router.policy_of(m) for m in models},
+        "tracked": router.ejector.routed(),
+    }
+
+
+def members(rendezvous: object) -> object:
+    return None if rendezvous is None else (rendezvous.members, rendezvous.weights)  # type: ignore[attr-defined]
+
+
+@settings(max_examples=150, deadline=None)
+@given(changes)
+def test_snapshots_taken_in_by_their_changes_route_as_fresh_ones(steps: list[Change]) -> None:
+    fleet = Fleet()
+    for i, replica in enumerate(REPLICAS[:4]):
+        fleet.routes[replica] = route_row(replica, MODELS[i % 2])
+    egress = EngineEgress(EngineNetworks.parse(NETWORKS), GatewayMetrics())
+    router = Router()
+    snapshot, held = read(fleet, None, [])
+    before = snapshot
+    router.update(egress.admit(snapshot))
+    for step in steps:
+        states = {}
+        for routed in router.replicas.by_model.values():
+            for state in routed:
+                state.in_flight += 1
+                state.signals = Signals(waiting=1, running=2, kv_usage=0.5, scraped_at=0.0)
+                states[state.route.replica_id] = (state, state.route.url, state.in_flight)
+        rows_before = dict(fleet.routes)
+        touched = apply(fleet, step)
+        snapshot, held = read(fleet, held, touched)
+        whole, _ = read(fleet, None, [])
+        assert snapshot.routes == whole.routes
+        assert snapshot.canaries == whole.canaries
+        assert snapshot.policies == whole.policies
+        models_touched = {
+            rows.model
+            for rows_of in (rows_before, fleet.routes)
+            for r in touched
+            if (rows := rows_of.get(r))
+        }
+        for model, routes in snapshot.routes.items():
+            if model not in models_touched:
+                assert routes is before.routes[model]  # an untouched model keeps its tuple
+        before = snapshot
+
+        admitted = egress.admit(snapshot)
+        fresh_egress = EngineEgress(EngineNetworks.parse(NETWORKS), GatewayMetrics())
+        fresh_admitted = fresh_egress.admit(whole)
+        assert admitted.routes == fresh_admitted.routes
+        assert egress._refused == fresh_egress._refused
+
+        router.update(admitted)
+        fresh = Router()
+        fresh.update(fresh_admitted)
+        models = frozenset(MODELS)
+        kept = routing_of_router(router, models)
+        expected = routing_of_router(fresh, models)
+        assert kept == expected
+        for routed in router.replicas.by_model.values():
+            for state in routed:
+                if (old := states.get(state.route.replica_id)) is not None:
+                    # A kept replica keeps its counts, and its signals while its URL stays.
+                    assert state is old[0]
+                    assert state.in_flight == old[2]
+                    assert (state.signals is not None) == (state.route.url == old[1])
+
+
+# -- what is passed over, and what is not ---------------------------------------------------
+
+
+def test_a_read_of_changes_keeps_the_tuple_of_every_model_it_did_not_touch() -> None:
+    fleet = Fleet()
+    fleet.routes = {"r0": route_row("r0", "llama"), "r1": route_row("r1", "qwen")}
+    first, held = read(fleet, None, [])
+    fleet.routes["r1"] = route_row("r1", "qwen", address="10.20.0.2")
+
+    second, _ = read(fleet, held, ["r1"])
+
+    assert second.routes["llama"] is first.routes["llama"]
+    assert second.routes["qwen"] != first.routes["qwen"]
