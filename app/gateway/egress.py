@@ -58,50 +58,84 @@ def engine_host(url: str) -> str | None:
     return None if ":" in host else host
 
 
+class _ModelAdmitted(NamedTuple):
+    """What ``EngineEgress.admit`` made of one model's routes: kept for as long as the
+    snapshots give it the same tuple."""
+
+    candidates: tuple[Route, ...]
+    kept: tuple[Route, ...] | None
+    """The routes admitted: ``candidates`` itself when all are; ``None`` when none is."""
+    refused: frozenset[tuple[str, str]]
+    """``(replica_id, url)`` of each route refused."""
+    decisions: dict[tuple[str, str], Refusal | None]
+
+
 class EngineEgress:
     def __init__(self, networks: EngineNetworks | None, metrics: GatewayMetrics) -> None:
         """``networks`` None: the default, each node's own agent connection address."""
         self.networks = networks
         self._metrics = metrics
-        self._decisions: dict[tuple[str, str], Refusal | None] = {}
+        self._admitted: dict[str, _ModelAdmitted] = {}
         self._refused: set[tuple[str, str]] = set()
         self._warned: set[str] = set()
         self._agents: dict[str, EngineNetworks] = {}
 
     def admit(self, snapshot: GatewaySnapshot) -> GatewaySnapshot:
-        """``snapshot`` without the routes whose engine may not be contacted. Decisions are
-        kept from one snapshot to the next, for the routes that are still in it."""
-        known = self._decisions
-        decisions: dict[tuple[str, str], Refusal | None] = {}
-        per_node = self.networks is None
-        refused: set[tuple[str, str]] = set()
-        routes: dict[str, tuple[Route, ...]] = {}
+        """``snapshot`` without the routes whose engine may not be contacted. A model whose
+        routes are the same tuple as in the snapshot before keeps what was made of them;
+        only the others are judged, with the decisions kept for their routes still in it."""
+        before = self._admitted
+        admitted: dict[str, _ModelAdmitted] = {}
+        refused_before = self._refused
+        refused = set(refused_before)
         for model, candidates in snapshot.routes.items():
-            kept = []
-            for route in candidates:
-                key = (route.url, route.agent_address if per_node else "")
-                if key in decisions:
-                    refusal = decisions[key]
-                else:
-                    refusal = decisions[key] = known[key] if key in known else self._judge(route)
-                if refusal is None:
-                    kept.append(route)
-                    continue
-                route_key = (route.replica_id, route.url)
-                refused.add(route_key)
-                if route_key not in self._refused:
-                    self._metrics.egress_refused(refusal.reason)
-                    self._warn(route, refusal)
-            if len(kept) == len(candidates):
-                routes[model] = candidates
-            elif kept:
-                routes[model] = tuple(kept)
-        self._decisions = decisions
+            kept = before.get(model)
+            if kept is None or kept.candidates is not candidates:
+                if kept is not None:
+                    refused.difference_update(kept.refused)
+                kept = self._admit(candidates, kept, refused_before)
+                refused.update(kept.refused)
+            admitted[model] = kept
+        for model, gone in before.items():
+            if model not in admitted:
+                refused.difference_update(gone.refused)
+        self._admitted = admitted
         self._refused = refused
         self._metrics.egress_refused_routes(len(refused))
         if not refused:
             return snapshot
+        routes = {model: made.kept for model, made in admitted.items() if made.kept is not None}
         return msgspec.structs.replace(snapshot, routes=routes)
+
+    def _admit(
+        self,
+        candidates: tuple[Route, ...],
+        before: _ModelAdmitted | None,
+        refused_before: set[tuple[str, str]],
+    ) -> _ModelAdmitted:
+        """Judge a model's routes, reusing ``before``'s decisions; a route refused that was
+        not refused in the snapshot before is counted and warned about."""
+        known = before.decisions if before is not None else {}
+        decisions: dict[tuple[str, str], Refusal | None] = {}
+        per_node = self.networks is None
+        refused: set[tuple[str, str]] = set()
+        kept = []
+        for route in candidates:
+            key = (route.url, route.agent_address if per_node else "")
+            if key in decisions:
+                refusal = decisions[key]
+            else:
+                refusal = decisions[key] = known[key] if key in known else self._judge(route)
+            if refusal is None:
+                kept.append(route)
+                continue
+            route_key = (route.replica_id, route.url)
+            refused.add(route_key)
+            if route_key not in refused_before:
+                self._metrics.egress_refused(refusal.reason)
+                self._warn(route, refusal)
+        admitted = candidates if len(kept) == len(candidates) else tuple(kept) or None
+        return _ModelAdmitted(candidates, admitted, frozenset(refused), decisions)
 
     def _judge(self, route: Route) -> Refusal | None:
         host = engine_host(route.url)

@@ -246,3 +246,43 @@ def test_a_read_of_changes_keeps_the_tuple_of_every_model_it_did_not_touch() -> 
 
     assert second.routes["llama"] is first.routes["llama"]
     assert second.routes["qwen"] != first.routes["qwen"]
+
+
+def test_the_egress_check_keeps_what_it_made_of_a_model_whose_tuple_it_saw() -> None:
+    fleet = Fleet()
+    fleet.routes = {
+        "r0": route_row("r0", "llama", address="10.99.0.1"),
+        "r1": route_row("r1", "llama"),
+        "r2": route_row("r2", "qwen"),
+    }
+    first, held = read(fleet, None, [])
+    egress = EngineEgress(EngineNetworks.parse(NETWORKS), GatewayMetrics())
+    admitted = egress.admit(first)
+    fleet.routes["r3"] = route_row("r3", "qwen")
+
+    second, _ = read(fleet, held, ["r3"])
+    again = egress.admit(second)
+
+    assert again.routes["llama"] is admitted.routes["llama"]
+    assert [route.replica_id for route in again.routes["llama"]] == ["r1"]
+
+
+def test_a_model_gone_takes_its_refused_routes_out_of_the_count() -> None:
+    fleet = Fleet()
+    fleet.routes = {
+        "r0": route_row("r0", "llama", address="10.99.0.1"),
+        "r1": route_row("r1", "qwen"),
+    }
+    first, held = read(fleet, None, [])
+    metrics = GatewayMetrics()
+    egress = EngineEgress(EngineNetworks.parse(NETWORKS), metrics)
+    egress.admit(first)
+    refused_routes = "llmgw_gateway_egress_refused_routes"
+    assert metrics.registry.get_sample_value(refused_routes) == 1
+    del fleet.routes["r0"]
+
+    second, _ = read(fleet, held, ["r0"])
+    assert "llama" not in second.routes
+    assert egress.admit(second) is second
+
+    assert metrics.registry.get_sample_value(refused_routes) == 0
