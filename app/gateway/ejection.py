@@ -174,14 +174,26 @@ class Ejector:
     # -- the routing table -----------------------------------------------------------------
 
     def track(self, replicas_by_model: Mapping[str, Iterable[str]]) -> None:
-        """Follow the routed replicas of each model; others are forgotten."""
-        self._by_model = {model: tuple(ids) for model, ids in replicas_by_model.items()}
-        routed = {rid: model for model, ids in self._by_model.items() for rid in ids}
-        for replica_id in [rid for rid in self._health if rid not in routed]:
-            del self._health[replica_id]
+        """Follow the routed replicas of each model; others are forgotten. A model given
+        the same tuple of replicas as the last time is passed over: what is known of them
+        stands as it is."""
+        before = self._by_model
+        by_model = {
+            model: ids if type(ids) is tuple else tuple(ids)
+            for model, ids in replicas_by_model.items()
+        }
+        changed = [model for model, ids in by_model.items() if before.get(model) is not ids]
+        changed.extend(model for model in before if model not in by_model)
+        routed = {rid: model for model in changed for rid in by_model.get(model, ())}
+        gone = [rid for model in changed for rid in before.get(model, ()) if rid not in routed]
+        self._by_model = by_model
+        for replica_id in gone:
+            self._health.pop(replica_id, None)
             self._out.discard(replica_id)
-        for key in [key for key in self._total if key[0] not in routed]:
-            del self._total[key]
+        if gone:
+            forgotten = set(gone)
+            for key in [key for key in self._total if key[0] in forgotten]:
+                del self._total[key]
         for replica_id, model in routed.items():
             health = self._health.get(replica_id)
             if health is None:

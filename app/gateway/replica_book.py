@@ -29,7 +29,7 @@ from app.gateway.admission import (
     is_fresh,
 )
 from app.gateway.signals import EngineReading, ScraperTasks
-from app.gateway.table import GatewaySnapshot
+from app.gateway.table import GatewaySnapshot, Route
 
 RETIRED_LINGER_S = 30.0
 """How long a replica taken out of routing stays in ``in_flight()`` once it is idle."""
@@ -47,6 +47,7 @@ class ReplicaBook:
         "_retired",
         "_scrapers",
         "_session",
+        "_taken",
         "by_model",
         "stale_after_s",
     )
@@ -72,14 +73,26 @@ class ReplicaBook:
         self._replicas: dict[str, ReplicaState] = {}
         self._retired: dict[str, ReplicaState] = {}
         self.by_model: dict[str, list[ReplicaState]] = {}
-        """The routed replicas of each model with one: read it, never change it."""
+        """The routed replicas of each model with one: read it, never change it. A model's
+        list is the same object for as long as its routes are the same tuple."""
+        self._taken: dict[str, tuple[Route, ...]] = {}
+        """The routes of each model as last taken: a model whose tuple is this one again
+        is passed over."""
         self._session: aiohttp.ClientSession | None = None
 
     def take(self, snapshot: GatewaySnapshot) -> None:
-        """Take the routes of a new snapshot; kept replicas keep their counts and signals."""
+        """Take the routes of a new snapshot; kept replicas keep their counts and signals.
+        Only the models whose routes are not the tuple taken before are looked at: the
+        others' replicas, their states and their model's list in ``by_model`` stay as
+        they are."""
+        taken = self._taken
+        changed = [m for m, routes in snapshot.routes.items() if taken.get(m) is not routes]
+        changed.extend(m for m in taken if m not in snapshot.routes)
+        lists: dict[str, list[ReplicaState]] = {}
         fresh: dict[str, ReplicaState] = {}
-        for routes in snapshot.routes.values():
-            for route in routes:
+        for model in changed:
+            states = []
+            for route in snapshot.routes.get(model, ()):
                 state = self._replicas.get(route.replica_id) or self._retired.pop(
                     route.replica_id, None
                 )
@@ -91,17 +104,27 @@ class ReplicaBook:
                 state.route = route
                 state.retired_idle_since = None
                 fresh[route.replica_id] = state
-        for replica_id, state in self._replicas.items():
-            if replica_id not in fresh:
-                self._scrapers.stop(replica_id)
-                self._retire(state)
-        self._replicas = fresh
+                states.append(state)
+            lists[model] = states
+        for model in changed:
+            for state in self.by_model.get(model, ()):
+                replica_id = state.route.replica_id
+                if replica_id not in fresh:
+                    self._scrapers.stop(replica_id)
+                    self._retire(state)
+                    del self._replicas[replica_id]
+        self._replicas.update(fresh)
         self._forget_idle_retired()
-        self.by_model = {}
-        for state in fresh.values():
-            self.by_model.setdefault(state.route.model, []).append(state)
-            if self._session is not None and state.route.replica_id not in self._scrapers:
-                self._start_scraper(state, self._session)
+        self.by_model = {
+            model: lists[model] if model in lists else self.by_model[model]
+            for model, routes in snapshot.routes.items()
+            if routes
+        }
+        self._taken = dict(snapshot.routes)
+        if self._session is not None:
+            for state in fresh.values():
+                if state.route.replica_id not in self._scrapers:
+                    self._start_scraper(state, self._session)
 
     def freed(self, state: ReplicaState) -> bool:
         """A request of ``state`` ended, or its reservation did: whether it is routed (its

@@ -40,18 +40,34 @@ those a retry excludes.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from app.domain.rendezvous import Rendezvous, key_fraction
 from app.gateway.admission import ReplicaState, assess, carried, choose, counted
 from app.gateway.affinity import RouteKey
 from app.gateway.ejection import Ejector
-from app.gateway.replica_pools import KEYED_REASONS, CanarySplit, Choice, Pool, canary_splits
-from app.gateway.table import DEFAULT_ROUTE_POLICY, GatewaySnapshot, RoutePolicy
+from app.gateway.replica_pools import KEYED_REASONS, CanarySplit, Choice, Pool, canary_split
+from app.gateway.table import DEFAULT_ROUTE_POLICY, Canary, GatewaySnapshot, RoutePolicy
 
 MIN_BOUND = 4
 """No replica's bound (``prefix``, ``session``) is below this many requests: an engine
 batches a handful at no cost to any of them, and passing a key on to an idle replica at
 such loads would cost its cache and gain nothing."""
+
+
+class _Taken(NamedTuple):
+    """What a model's pools were built from: rebuilt when any of it changes."""
+
+    replicas: list[ReplicaState]
+    canary: Canary | None
+    policy: RoutePolicy
+
+    def same_as(self, other: _Taken) -> bool:
+        return (
+            self.replicas is other.replicas
+            and self.canary == other.canary
+            and self.policy == other.policy
+        )
 
 
 class ReplicaChooser:
@@ -66,6 +82,7 @@ class ReplicaChooser:
         "_pools",
         "_rendezvous",
         "_splits",
+        "_taken",
         "stale_after_s",
     )
 
@@ -86,31 +103,66 @@ class ReplicaChooser:
         self._pools: dict[str, Pool] = {}
         self._splits: dict[str, CanarySplit] = {}
         self._policies: dict[str, RoutePolicy] = {}
-        self._rendezvous: dict[tuple[tuple[str, float], ...], Rendezvous] = {}
+        self._rendezvous: dict[str, dict[tuple[tuple[str, float], ...], Rendezvous]] = {}
+        """Each model's rendezvous by members: kept while its members and weights are."""
+        self._taken: dict[str, _Taken] = {}
 
     def take(self, snapshot: GatewaySnapshot, by_model: dict[str, list[ReplicaState]]) -> None:
         """Choose from ``by_model`` (the routed replicas of each model) from now on, by the
-        policies and canary steps of ``snapshot``."""
-        self._splits = canary_splits(snapshot, by_model)
-        self._pools = {model: Pool(replicas) for model, replicas in by_model.items()}
-        self._policies = dict(snapshot.policies)
-        self._build_rendezvous()
-
-    def _build_rendezvous(self) -> None:
-        """Give each pool of a model whose policy hashes its rendezvous: the one it had when
-        its members and weights are unchanged, else a new one."""
-        built: dict[tuple[tuple[str, float], ...], Rendezvous] = {}
-        for model, pool in self._pools.items():
-            if self.policy_of(model).policy == "least_loaded":
-                continue
-            split = self._splits.get(model)
-            for each in (pool,) if split is None else (pool, split.canary, split.stable):
-                members = each.keyed_members()
-                rendezvous = (
-                    built.get(members) or self._rendezvous.get(members) or Rendezvous(members)
+        policies and canary steps of ``snapshot``. A model whose list of replicas is the
+        same object as the last time, under the same policy and canary step, keeps its
+        pools and their rendezvous; only the others' are built again."""
+        before = self._taken
+        taken: dict[str, _Taken] = {}
+        pools: dict[str, Pool] = {}
+        splits: dict[str, CanarySplit] = {}
+        rendezvous: dict[str, dict[tuple[tuple[str, float], ...], Rendezvous]] = {}
+        for model, replicas in by_model.items():
+            now = _Taken(
+                replicas,
+                snapshot.canaries.get(model),
+                snapshot.policies.get(model, DEFAULT_ROUTE_POLICY),
+            )
+            was = before.get(model)
+            if was is not None and was.same_as(now):
+                pools[model] = self._pools[model]
+                if (split := self._splits.get(model)) is not None:
+                    splits[model] = split
+                rendezvous[model] = self._rendezvous.get(model, {})
+            else:
+                pool = pools[model] = Pool(replicas)
+                split = canary_split(now.canary, replicas)
+                if split is not None:
+                    splits[model] = split
+                rendezvous[model] = self._build_rendezvous(
+                    now.policy, pool, split, self._rendezvous.get(model, {})
                 )
-                built[members] = each.rendezvous = rendezvous
-        self._rendezvous = built
+            taken[model] = now
+        self._taken = taken
+        self._pools = pools
+        self._splits = splits
+        self._policies = dict(snapshot.policies)
+        self._rendezvous = rendezvous
+
+    @staticmethod
+    def _build_rendezvous(
+        policy: RoutePolicy,
+        pool: Pool,
+        split: CanarySplit | None,
+        before: dict[tuple[tuple[str, float], ...], Rendezvous],
+    ) -> dict[tuple[tuple[str, float], ...], Rendezvous]:
+        """Give a model's pool (and its split's sides), when its policy hashes, a
+        rendezvous: the one it had when its members and weights are unchanged, else a new
+        one. Returns the model's rendezvous by members."""
+        built: dict[tuple[tuple[str, float], ...], Rendezvous] = {}
+        if policy.policy == "least_loaded":
+            return built
+        for each in (pool,) if split is None else (pool, split.canary, split.stable):
+            members = each.keyed_members()
+            each.rendezvous = built[members] = (
+                built.get(members) or before.get(members) or Rendezvous(members)
+            )
+        return built
 
     def policy_of(self, model: str) -> RoutePolicy:
         return self._policies.get(model, DEFAULT_ROUTE_POLICY)

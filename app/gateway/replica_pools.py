@@ -9,7 +9,7 @@ from typing import Literal
 
 from app.domain.rendezvous import Rendezvous
 from app.gateway.admission import ReplicaState
-from app.gateway.table import GatewaySnapshot
+from app.gateway.table import Canary
 
 RouteReason = Literal["least_loaded", "no_key", "home", "over_bound", "unavailable", "fallback"]
 """Why a request went where it did: ``least_loaded`` (the policy's rule); for ``prefix`` and
@@ -58,16 +58,13 @@ class CanarySplit:
         self.stable = stable
 
 
-def canary_splits(
-    snapshot: GatewaySnapshot, by_model: dict[str, list[ReplicaState]]
-) -> dict[str, CanarySplit]:
-    """The canary split of each model in a canary step whose replicas are on both sides: with
+def canary_split(canary: Canary | None, replicas: list[ReplicaState]) -> CanarySplit | None:
+    """The canary split of a model in a canary step whose replicas are on both sides: with
     one side empty every request ends on the other anyway, as without a split."""
-    splits: dict[str, CanarySplit] = {}
-    for model, canary in snapshot.canaries.items():
-        replicas = by_model.get(model, [])
-        on_canary = [s for s in replicas if s.route.revision == canary.revision]
-        others = [s for s in replicas if s.route.revision != canary.revision]
-        if on_canary and others:
-            splits[model] = CanarySplit(canary.share, Pool(on_canary), Pool(others))
-    return splits
+    if canary is None:
+        return None
+    on_canary = [s for s in replicas if s.route.revision == canary.revision]
+    others = [s for s in replicas if s.route.revision != canary.revision]
+    if on_canary and others:
+        return CanarySplit(canary.share, Pool(on_canary), Pool(others))
+    return None

@@ -108,6 +108,8 @@ class Router:
         self._chooser = ReplicaChooser(
             clock=clock, draw=draw, ejector=self.ejector, stale_after_s=self.replicas.stale_after_s
         )
+        self._ids: dict[str, tuple[list[ReplicaState], tuple[str, ...]]] = {}
+        """Each model's routed replicas as last given to the ejector, and their ids."""
         self._decisions: Counter[tuple[str, str, RouteReason]] = Counter()
         self._line = WaitingLine(queue_limit)
         self._cold_start_s: dict[str, float] = {}
@@ -131,12 +133,13 @@ class Router:
     # -- routing table ---------------------------------------------------------------------
 
     def update(self, snapshot: GatewaySnapshot) -> None:
-        """Take the routes of a new snapshot; kept replicas keep their counts and signals."""
+        """Take the routes of a new snapshot; kept replicas keep their counts and signals.
+        A model whose routes are the tuple taken before keeps its replicas, their tracking
+        and its pools (unless its policy or canary step changed): a snapshot costs the
+        models that changed, not the fleet."""
         self.replicas.take(snapshot)
         by_model = self.replicas.by_model
-        self.ejector.track(
-            {model: [s.route.replica_id for s in states] for model, states in by_model.items()}
-        )
+        self.ejector.track(self._replica_ids(by_model))
         self._chooser.take(snapshot, by_model)
         self._cold_start_s = dict(snapshot.cold_start_s)
         self._start_failures = dict(snapshot.start_failures)
@@ -160,6 +163,19 @@ class Router:
                 {d: n for d, n in self._decisions.items() if d[0] not in removed}
             )
             self._holds = Counter({h: n for h, n in self._holds.items() if h[0] not in removed})
+
+    def _replica_ids(self, by_model: dict[str, list[ReplicaState]]) -> dict[str, tuple[str, ...]]:
+        """The ids of each model's routed replicas: the tuple of the last time for a model
+        whose list of replicas is the same object (so the ejector passes it over)."""
+        before = self._ids
+        ids: dict[str, tuple[list[ReplicaState], tuple[str, ...]]] = {}
+        for model, states in by_model.items():
+            kept = before.get(model)
+            if kept is None or kept[0] is not states:
+                kept = (states, tuple(s.route.replica_id for s in states))
+            ids[model] = kept
+        self._ids = ids
+        return {model: kept[1] for model, kept in ids.items()}
 
     def policy_of(self, model: str) -> RoutePolicy:
         return self._chooser.policy_of(model)

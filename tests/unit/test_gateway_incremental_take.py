@@ -29,13 +29,13 @@ from app.store.routing_rows import (
 
 MODELS = ("llama", "qwen", "mistral")
 REPLICAS = tuple(f"r{i}" for i in range(8))
-ADDRESSES = ("10.20.0.1", "10.20.0.2", "10.99.0.1")
+ADDRESSES = ("127.0.0.1", "127.0.0.2", "127.9.0.1")
 """The last one is outside the engine networks: its routes are refused."""
-NETWORKS = "10.20.0.0/16"
+NETWORKS = "127.0.0.0/16"
 
 
 def route_row(
-    replica_id: str, model: str, *, address: str = "10.20.0.1", revision: int = 1
+    replica_id: str, model: str, *, address: str = "127.0.0.1", revision: int = 1
 ) -> RouteRow:
     return RouteRow(
         replica_id=replica_id,
@@ -240,7 +240,7 @@ def test_a_read_of_changes_keeps_the_tuple_of_every_model_it_did_not_touch() -> 
     fleet = Fleet()
     fleet.routes = {"r0": route_row("r0", "llama"), "r1": route_row("r1", "qwen")}
     first, held = read(fleet, None, [])
-    fleet.routes["r1"] = route_row("r1", "qwen", address="10.20.0.2")
+    fleet.routes["r1"] = route_row("r1", "qwen", address="127.0.0.2")
 
     second, _ = read(fleet, held, ["r1"])
 
@@ -248,10 +248,67 @@ def test_a_read_of_changes_keeps_the_tuple_of_every_model_it_did_not_touch() -> 
     assert second.routes["qwen"] != first.routes["qwen"]
 
 
+def test_the_router_keeps_the_replicas_of_a_model_whose_tuple_it_saw() -> None:
+    fleet = Fleet()
+    fleet.routes = {"r0": route_row("r0", "llama"), "r1": route_row("r1", "qwen")}
+    first, held = read(fleet, None, [])
+    router = Router()
+    router.update(first)
+    llama = router.replicas.by_model["llama"]
+    pool = router._chooser._pools["llama"]
+    fleet.routes["r2"] = route_row("r2", "qwen")
+
+    second, _ = read(fleet, held, ["r2"])
+    router.update(second)
+
+    assert router.replicas.by_model["llama"] is llama
+    assert router._chooser._pools["llama"] is pool
+    assert router.ejector.routed() == {"r0": "llama", "r1": "qwen", "r2": "qwen"}
+    assert [s.route.replica_id for s in router.replicas.by_model["qwen"]] == ["r1", "r2"]
+
+
+def test_a_canary_changed_alone_is_split_again() -> None:
+    """The routes are the same tuple, but the canary step is not: the split follows it."""
+    fleet = Fleet()
+    fleet.routes = {
+        "r0": route_row("r0", "llama", revision=1),
+        "r1": route_row("r1", "llama", revision=2),
+    }
+    fleet.canaries["llama"] = CanaryRow(model="llama", revision=2, traffic=0.25)
+    first, held = read(fleet, None, [])
+    router = Router()
+    router.update(first)
+    fleet.canaries["llama"] = CanaryRow(model="llama", revision=1, traffic=0.5)
+
+    second, _ = read(fleet, held, [])
+    assert second.routes["llama"] is first.routes["llama"]
+    router.update(second)
+
+    split = router._chooser._splits["llama"]
+    assert split.share == 0.5
+    assert [s.route.replica_id for s in split.canary.replicas] == ["r0"]
+
+
+def test_a_policy_changed_alone_hashes_the_model_again() -> None:
+    fleet = Fleet()
+    fleet.routes = {"r0": route_row("r0", "llama"), "r1": route_row("r1", "llama")}
+    first, held = read(fleet, None, [])
+    router = Router()
+    router.update(first)
+    assert router.rendezvous_of("llama") is None
+    fleet.policies["llama"] = policy_row("llama", "prefix")
+
+    second, _ = read(fleet, held, [])
+    router.update(second)
+
+    assert router.policy_of("llama").policy == "prefix"
+    assert members(router.rendezvous_of("llama")) == (("r0", "r1"), {"r0": 1.0, "r1": 1.0})
+
+
 def test_the_egress_check_keeps_what_it_made_of_a_model_whose_tuple_it_saw() -> None:
     fleet = Fleet()
     fleet.routes = {
-        "r0": route_row("r0", "llama", address="10.99.0.1"),
+        "r0": route_row("r0", "llama", address="127.9.0.1"),
         "r1": route_row("r1", "llama"),
         "r2": route_row("r2", "qwen"),
     }
@@ -270,7 +327,7 @@ def test_the_egress_check_keeps_what_it_made_of_a_model_whose_tuple_it_saw() -> 
 def test_a_model_gone_takes_its_refused_routes_out_of_the_count() -> None:
     fleet = Fleet()
     fleet.routes = {
-        "r0": route_row("r0", "llama", address="10.99.0.1"),
+        "r0": route_row("r0", "llama", address="127.9.0.1"),
         "r1": route_row("r1", "qwen"),
     }
     first, held = read(fleet, None, [])
