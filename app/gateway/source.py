@@ -9,8 +9,8 @@
   position it holds (``app.gateway.held_routes``), so that a read costs the database what
   changed, not the size of the fleet;
 - LISTENs on the log's channel: an append wakes it, and after ``debounce_s`` (one read for
-  a burst of appends; longer on a large fleet under steady change, ``SNAPSHOT_SHARE``) it
-  reads again, so a revoked key is refused within a second (two at 20,000 routes);
+  a burst of appends; longer after a read that was long to take in, ``SNAPSHOT_SHARE``) it
+  reads again, so a revoked key is refused within a second (two at most);
 - reads again every ``refresh_interval_s`` anyway, in case a notification was lost.
 
 What the gateway reports to the control plane goes on a connection of its own
@@ -54,11 +54,13 @@ tenth of a second of the database's time every 30 s."""
 SNAPSHOT_SHARE = 0.1
 """The most of the gateway's event loop that taking in new snapshots may take under steady
 change: building one and handing it to the router and the egress check is work on the
-loop that grows with the routes (45 to 120 ms at 20,000), so after a read that took ``t``
-of it the next waits ``t * (1 / SNAPSHOT_SHARE - 1)`` (at least ``debounce_s``, at most
-``MAX_PACE_S``): at 1,000 routes nothing more than the debounce."""
+loop, in the models a read of changes touched (about a millisecond for one change at
+20,000 routes) but in every route for a read of every route (45 to 120 ms at 20,000), so
+after a read that took ``t`` of it the next waits ``t * (1 / SNAPSHOT_SHARE - 1)`` (at
+least ``debounce_s``, at most ``MAX_PACE_S``)."""
 MAX_PACE_S = 1.0
-"""The longest a change waits for the share above: past about 110 ms a snapshot, freshness
+"""The longest a change waits for the share above: past about 110 ms a snapshot (a read of
+every route at 20,000 routes, or changes to models of thousands of replicas each), freshness
 comes first, and a change reaches the router within about a second and a snapshot's time."""
 QUERY_TIMEOUT_S = 5.0
 """A statement that takes longer is taken for a dead connection (a network that drops
