@@ -32,8 +32,9 @@ from app.gateway.snapshot import read_routing
 from app.store.database import create_engine, driver_url
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
-from app.store.routing_rows import MAX_EVENTS_READ_AS_CHANGES, RouteRow
+from app.store.routing_rows import MAX_EVENTS_READ_AS_CHANGES
 from tests.support.generators import MODELS, NODES, REPLICAS, events, histories, stream_for
+from tests.support.route_rows import route_row
 
 META = Meta(actor="property")
 
@@ -157,7 +158,7 @@ async def test_a_read_further_back_than_its_bound_reads_every_route(database_url
         first: list[AnyEvent] = [ModelDeclared(model="llama", spec=_spec("llama", 1.0))]
         await _append(store, first)
         _, held = await read_routing(db, within_s=5.0)
-        stale = HeldRoutes(held.position, {"gone-1": _route("gone-1")})
+        stale = HeldRoutes(held.position, {"gone-1": route_row("gone-1")})
         many = [
             NodeRegistered(node_id=f"n{i}", address=f"127.3.{i // 250}.{i % 250}")
             for i in range(MAX_EVENTS_READ_AS_CHANGES + 1)
@@ -185,7 +186,7 @@ async def test_a_read_of_changes_leaves_the_routes_no_event_names_as_held(
         store = PostgresEventStore(engine)
         await _append(store, [ModelDeclared(model="llama", spec=_spec("llama", 1.0))])
         _, held = await read_routing(db, within_s=5.0)
-        untouched = _route("qwen-7")
+        untouched = route_row("qwen-7", address="127.9.9.9")
         held = HeldRoutes(held.position, {untouched.replica_id: untouched})
 
         await _append(store, [NodeRegistered(node_id="gpu-9", address="127.0.0.9")])
@@ -201,17 +202,4 @@ async def test_a_read_of_changes_leaves_the_routes_no_event_names_as_held(
 async def _append(store: PostgresEventStore, batch: list[AnyEvent]) -> None:
     await store.append_many(
         [AppendRequest(stream_for(e), None, [NewEvent(e)]) for e in batch], META
-    )
-
-
-def _route(replica_id: str) -> RouteRow:
-    return RouteRow(
-        replica_id=replica_id,
-        model=replica_id.rsplit("-", 1)[0],
-        address="127.9.9.9",
-        port=20000,
-        weight=1.0,
-        target_waiting=4,
-        kv_ceiling=0.9,
-        draining=False,
     )

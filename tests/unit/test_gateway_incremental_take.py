@@ -26,28 +26,13 @@ from app.store.routing_rows import (
     RouteRow,
     RoutingRows,
 )
+from tests.support.route_rows import route_row
 
 MODELS = ("llama", "qwen", "mistral")
 REPLICAS = tuple(f"r{i}" for i in range(8))
 ADDRESSES = ("127.0.0.1", "127.0.0.2", "127.9.0.1")
 """The last one is outside the engine networks: its routes are refused."""
 NETWORKS = "127.0.0.0/16"
-
-
-def route_row(
-    replica_id: str, model: str, *, address: str = "127.0.0.1", revision: int = 1
-) -> RouteRow:
-    return RouteRow(
-        replica_id=replica_id,
-        model=model,
-        address=address,
-        port=20000,
-        weight=1.0,
-        target_waiting=4,
-        kv_ceiling=0.9,
-        draining=False,
-        revision=revision,
-    )
 
 
 @dataclass

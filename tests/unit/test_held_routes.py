@@ -7,19 +7,7 @@ import pytest
 
 from app.gateway.held_routes import HeldRoutes, routes_after
 from app.store.routing_rows import RouteChanges, RouteRow, RoutingRows
-
-
-def route(replica_id: str, *, weight: float = 1.0) -> RouteRow:
-    return RouteRow(
-        replica_id=replica_id,
-        model=replica_id.rsplit("-", 1)[0],
-        address="127.0.0.1",
-        port=20000,
-        weight=weight,
-        target_waiting=4,
-        kv_ceiling=0.9,
-        draining=False,
-    )
+from tests.support.route_rows import route_row
 
 
 def read(position: int, routes: list[RouteRow], changed: RouteChanges | None) -> RoutingRows:
@@ -43,18 +31,18 @@ def read(position: int, routes: list[RouteRow], changed: RouteChanges | None) ->
 HELD = HeldRoutes(
     7,
     {
-        "llama-1": route("llama-1"),
-        "llama-2": route("llama-2"),
-        "qwen-1": route("qwen-1"),
-        "qwen-2": route("qwen-2"),
+        "llama-1": route_row("llama-1"),
+        "llama-2": route_row("llama-2"),
+        "qwen-1": route_row("qwen-1"),
+        "qwen-2": route_row("qwen-2"),
     },
 )
 
 
 def test_a_read_of_every_route_replaces_what_is_held() -> None:
-    after = routes_after(HELD, read(9, [route("llama-3")], None))
+    after = routes_after(HELD, read(9, [route_row("llama-3")], None))
 
-    assert after == HeldRoutes(9, {"llama-3": route("llama-3")})
+    assert after == HeldRoutes(9, {"llama-3": route_row("llama-3")})
 
 
 def test_the_routes_of_replicas_read_again_and_not_returned_are_gone() -> None:
@@ -72,12 +60,12 @@ def test_a_read_of_no_change_keeps_every_route_held() -> None:
 
 def test_the_routes_a_read_of_changes_read_replace_those_held_and_join_them() -> None:
     changed = RouteChanges(replicas=["llama-1", "llama-4"])
-    again = route("llama-1", weight=3.0)
+    again = route_row("llama-1", weight=3.0)
 
-    after = routes_after(HELD, read(8, [again, route("llama-4")], changed))
+    after = routes_after(HELD, read(8, [again, route_row("llama-4")], changed))
 
     assert after.rows["llama-1"] == again
-    assert after.rows["llama-4"] == route("llama-4")
+    assert after.rows["llama-4"] == route_row("llama-4")
     assert after.rows["qwen-2"] is HELD.rows["qwen-2"]
 
 
