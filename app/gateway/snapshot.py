@@ -97,7 +97,7 @@ def routing_of(dated: DatedRows, held: HeldRoutes | None) -> tuple[GatewaySnapsh
     if held is None or held.routes is None or rows.changed is None:
         by_model = routes_by_model(after.rows.values())
     else:
-        by_model = routes_changed(held.routes, held, after, rows)
+        by_model = routes_changed(held, after, rows)
     after = msgspec.structs.replace(after, routes=by_model)
     rows = msgspec.structs.replace(rows, routes=[], changed=None)
     return snapshot_of_rows(rows, clock_offset_s=dated.clock_offset_s, by_model=by_model), after
@@ -126,19 +126,16 @@ def routes_by_model(rows: Iterable[RouteRow]) -> dict[str, tuple[Route, ...]]:
 
 
 def routes_changed(
-    before: Mapping[str, tuple[Route, ...]],
-    held: HeldRoutes,
-    after: HeldRoutes,
-    read: RoutingRows,
+    held: HeldRoutes, after: HeldRoutes, read: RoutingRows
 ) -> dict[str, tuple[Route, ...]]:
-    """The routes by model after a read of changes (``read``) took ``held`` to ``after``,
-    from ``before`` (``held``'s): a new tuple for each model a replica read again was or is
-    routed for, built of its routes not read again and the new ones; every other model's
-    tuple as it was, the same object (``app.gateway.held_routes``)."""
+    """The routes by model once a read of changes (``read``) took ``held`` to ``after``: a
+    new tuple for each model a replica read again was or is routed for, built of its routes
+    not read again and the new ones; every other model's tuple as ``held`` has it, the same
+    object (``app.gateway.held_routes``)."""
+    before = held.routes or {}
     read_again = {row.replica_id for row in read.routes}
     read_again.update(read.changed.replicas if read.changed is not None else ())
-    touched = {held.rows[r].model for r in read_again if r in held.rows}
-    touched.update(after.rows[r].model for r in read_again if r in after.rows)
+    touched = {rows[r].model for rows in (held.rows, after.rows) for r in read_again if r in rows}
     by_model = dict(before)
     for model in touched:
         routes = [route for route in before.get(model, ()) if route.replica_id not in read_again]
