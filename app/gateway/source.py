@@ -111,9 +111,10 @@ class PostgresSnapshotSource:
         self._whole_read_interval_s = whole_read_interval_s
         self._pace = 1 / snapshot_share - 1
         self._held: HeldRoutes | None = None
-        """The routes the snapshot was read with; ``None`` until a read of every route on
-        this connection, and again when one is due."""
+        """The routes the snapshot was read with; ``None`` before the first read."""
         self._whole_read_due = 0.0
+        """Until when reads may read only what changed: 0 asks the next read for every route
+        (on a new connection, after a rebuild)."""
         self._next_read_from = 0.0
         """When a read a notification asks for may start (``SNAPSHOT_SHARE``)."""
         self._listeners: list[SnapshotListener] = []
@@ -194,7 +195,7 @@ class PostgresSnapshotSource:
 
     async def _follow(self, db: asyncpg.Connection) -> None:
         self._up_since_connect = False
-        self._held = None  # what changed while it was away is read whole
+        self._whole_read_due = 0.0  # what changed while it was away is read whole
         db.add_termination_listener(self._on_termination)
         # Bounded like every read: a connection cut off once LISTEN was sent (a partition)
         # never answers it, and the loop below, with its reads, would never start.
