@@ -31,7 +31,7 @@ def in_canary_step(
     return frozenset(
         replica_id
         for replica_id in replica_ids
-        if routed.get(replica_id, model_of_replica(replica_id)) in canaries
+        if (routed.get(replica_id) or model_of_replica(replica_id)) in canaries
     )
 
 
