@@ -18,7 +18,9 @@ connection, as a gateway reads:
   about one replica), as a gateway reads after its first read, median and p90;
 - taking in what each read found as a gateway does (``routing_of``: the snapshot built,
   from the routes held for a read of changes; then the egress check and the router),
-  median;
+  median: a read of every route on a gateway's first read (nothing held), a read of every
+  route again with nothing changed (its periodic read, taken in against the routes held),
+  a read of one change;
 - the bytes of each answer (the JSON columns as the server sends them);
 - at the largest size, both plans (``EXPLAIN (ANALYZE, BUFFERS)``), printed and kept;
 - reads a second of a real ``PostgresSnapshotSource`` while a writer makes changes at each
@@ -147,6 +149,8 @@ class Size(msgspec.Struct, frozen=True, kw_only=True):
     take_median_ms: float
     """Taking in a read of every route: the snapshot built, the egress check, the router."""
     take_p90_ms: float
+    again_take_median_ms: float
+    """Taking in a read of every route that finds them as held: a gateway's periodic read."""
     changes_take_median_ms: float
     """Taking in a read of one change, applied to the routes held."""
     load_average: tuple[float, float, float]
@@ -251,15 +255,16 @@ async def plan(db: asyncpg.Connection, since: int) -> list[str]:
 
 
 async def time_reads(
-    db: asyncpg.Connection, repeat: int, since: int | None = None
+    db: asyncpg.Connection, repeat: int, since: int | None = None, *, again: bool = False
 ) -> tuple[list[float], list[float], int]:
     """Milliseconds of each statement and of taking in what it read as a gateway does
     (building the snapshot, the egress check, the router), and the routes read: every
     route, or with ``since`` those changed after it, applied to the routes of a read of
-    every route taken in first."""
+    every route taken in first; with ``again``, every route, taken in against the routes of
+    a read of every route taken in first."""
     take = as_a_gateway_takes_it()
     held: HeldRoutes | None = None
-    if since is not None:
+    if since is not None or again:
         first = await read_routing_rows(db, within_s=STATEMENT_TIMEOUT_S)
         snapshot, held = routing_of(DatedRows(first, 0.0), None)
         take(snapshot)
@@ -382,6 +387,7 @@ async def measure(
             await settle(owner)
             seed_s = round(time.perf_counter() - started, 1)
             statement_ms, take_ms, routes = await time_reads(gateway, arguments.repeat)
+            _, again_take_ms, _ = await time_reads(gateway, arguments.repeat, again=True)
             total, routes_bytes = await answer_bytes(gateway, -1)
             await change(owner)
             since = int(await owner.fetchval(_POSITION, CHECKPOINT)) - 1
@@ -421,6 +427,7 @@ async def measure(
         changes_bytes=changes_bytes,
         take_median_ms=round(median(take_ms), 2),
         take_p90_ms=round(percentile(take_ms, 90), 2),
+        again_take_median_ms=round(median(again_take_ms), 2),
         changes_take_median_ms=round(median(changes_take_ms), 2),
         load_average=load_average(),
         churn=churns,
@@ -466,6 +473,7 @@ def report(results: Results) -> str:
             f"{s.changes_p90_ms:.2f}",
             f"{s.changes_bytes / 1024:,.1f}",
             f"{s.take_median_ms:.1f}",
+            f"{s.again_take_median_ms:.1f}",
             f"{s.changes_take_median_ms:.2f}",
             f"{s.routes:,}",
         ]
@@ -480,6 +488,7 @@ def report(results: Results) -> str:
         "p90",
         "KiB",
         "take ms",
+        "take again ms",
         "take one change ms",
         "routes",
     ]

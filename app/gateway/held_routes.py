@@ -8,10 +8,14 @@ gateway reads only the routes the events since its position may have changed
 replica the read read again is dropped, and the routes it returned put back. A read of
 every route replaces what is held.
 
-The routes are held as the snapshot has them too, a tuple per model (``routes``): a read of
-changes builds new tuples for the models it touched only, and every other model keeps its
-tuple, the same object, so what takes the snapshot in (``app.gateway.egress``,
-``app.gateway.router``) can pass over the models whose tuple it has seen, and a snapshot
+The routes are held as the snapshot has them too, a tuple per model (``routes``): a read
+builds new tuples only for the models whose routes it may have changed
+(``replicas_read_again``), and every other model keeps its tuple, the same object. For a
+read of changes those are the models of the replicas it read again; for a read of every
+route (on a connection, every 30 s, after a rebuild), those of the rows that differ from
+the ones held, so that the periodic read of every route does not stall a gateway's loop
+for a fleet that did not change. What takes the snapshot in (``app.gateway.egress``,
+``app.gateway.router``) passes over the models whose tuple it has seen, and a snapshot
 costs what changed rather than the fleet (docs/performance.md).
 """
 
@@ -49,3 +53,17 @@ def routes_after(held: HeldRoutes | None, read: RoutingRows) -> HeldRoutes:
         rows.pop(replica_id, None)
     rows.update((row.replica_id, row) for row in read.routes)
     return HeldRoutes(read.position, rows)
+
+
+def replicas_read_again(held: HeldRoutes, after: HeldRoutes, read: RoutingRows) -> set[str]:
+    """The replicas whose routes ``read`` took ``held`` to ``after`` may have changed: for a
+    read of changes, every replica it read again; for a read of every route, every replica
+    whose row is not the one held, or that it did not return."""
+    if read.changed is not None:
+        read_again = {row.replica_id for row in read.routes}
+        read_again.update(read.changed.replicas)
+        return read_again
+    before = held.rows
+    read_again = {r for r, row in after.rows.items() if before.get(r) != row}
+    read_again.update(r for r in before if r not in after.rows)
+    return read_again

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from time import monotonic, time
 from types import MappingProxyType
 
@@ -18,7 +18,7 @@ from app.domain.model_spec import (
     routing_setting_errors,
 )
 from app.domain.state import BACKOFF_CAP_S
-from app.gateway.held_routes import HeldRoutes, routes_after
+from app.gateway.held_routes import HeldRoutes, replicas_read_again, routes_after
 from app.gateway.table import (
     Canary,
     GatewaySnapshot,
@@ -91,13 +91,14 @@ async def read_dated_rows(
 
 def routing_of(dated: DatedRows, held: HeldRoutes | None) -> tuple[GatewaySnapshot, HeldRoutes]:
     """The snapshot rows read since ``held``'s position make (or rows of every route), and
-    the routes to hold for the next read."""
+    the routes to hold for the next read. Each model whose routes the read did not change
+    keeps its tuple from ``held``."""
     rows = dated.rows
     after = routes_after(held, rows)
-    if held is None or held.routes is None or rows.changed is None:
+    if held is None or held.routes is None:
         by_model = routes_by_model(after.rows.values())
     else:
-        by_model = routes_changed(held, after, rows)
+        by_model = routes_changed(held, after, replicas_read_again(held, after, rows))
     after = msgspec.structs.replace(after, routes=by_model)
     rows = msgspec.structs.replace(rows, routes=[], changed=None)
     return snapshot_of_rows(rows, clock_offset_s=dated.clock_offset_s, by_model=by_model), after
@@ -126,15 +127,13 @@ def routes_by_model(rows: Iterable[RouteRow]) -> dict[str, tuple[Route, ...]]:
 
 
 def routes_changed(
-    held: HeldRoutes, after: HeldRoutes, read: RoutingRows
+    held: HeldRoutes, after: HeldRoutes, read_again: Set[str]
 ) -> dict[str, tuple[Route, ...]]:
-    """The routes by model once a read of changes (``read``) took ``held`` to ``after``: a
-    new tuple for each model a replica read again was or is routed for, built of its routes
-    not read again and the new ones; every other model's tuple as ``held`` has it, the same
-    object (``app.gateway.held_routes``)."""
+    """The routes by model once a read took ``held`` to ``after``, reading the routes of
+    ``read_again`` again: a new tuple for each model one of them was or is routed for, built
+    of its routes not read again and the new ones; every other model's tuple as ``held`` has
+    it, the same object (``app.gateway.held_routes``)."""
     before = held.routes or {}
-    read_again = {row.replica_id for row in read.routes}
-    read_again.update(read.changed.replicas if read.changed is not None else ())
     touched = {rows[r].model for rows in (held.rows, after.rows) for r in read_again if r in rows}
     by_model = dict(before)
     for model in touched:

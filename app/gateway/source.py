@@ -218,8 +218,10 @@ class PostgresSnapshotSource:
                 next_read = monotonic() + self._refresh_interval_s
 
     async def _read(self, db: asyncpg.Connection) -> None:
-        held = self._held if monotonic() < self._whole_read_due else None
-        since = held.position if held is not None else None
+        held = self._held
+        # A read of every route is still taken in against the routes held: only the models
+        # whose rows differ are built again (``app.gateway.held_routes``).
+        since = held.position if held is not None and monotonic() < self._whole_read_due else None
         dated = await read_dated_rows(db, within_s=self._timeout_s, since=since)
         started = monotonic()
         try:

@@ -256,6 +256,33 @@ async def test_a_source_reads_every_route_again_once_its_interval_is_up(database
         await source.close()
 
 
+async def test_a_read_of_every_route_that_finds_them_unchanged_keeps_the_routes_held(
+    pg_store: PostgresEventStore, database_url: str
+) -> None:
+    """The periodic read of every route is taken in against the routes held, so a fleet that
+    did not change costs the gateway's loop no rebuild of its routes."""
+    model = name()
+    node = f"gpu-{secrets.token_hex(3)}"
+    await connect_node(pg_store, node, "127.0.0.1")
+    await declare_model(pg_store, model)
+    await serve_replica(pg_store, model, 1, node, 21001)
+    source = PostgresSnapshotSource(
+        database_url,
+        gateway_id=f"gw-{secrets.token_hex(4)}",
+        refresh_interval_s=0.05,
+        whole_read_interval_s=0.1,
+    )
+    await source.start()
+    try:
+        routes = source.current().routes[model]
+
+        await wait_until(lambda: source.whole_reads >= 3, what="three reads of every route")
+
+        assert source.current().routes[model] is routes
+    finally:
+        await source.close()
+
+
 async def test_a_gateway_slow_to_take_in_snapshots_reads_them_less_often(
     pg_store: PostgresEventStore, database_url: str
 ) -> None:

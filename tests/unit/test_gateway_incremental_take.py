@@ -17,7 +17,7 @@ from app.gateway.egress import EngineEgress
 from app.gateway.held_routes import HeldRoutes
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.router import Router
-from app.gateway.snapshot import DatedRows, routing_of
+from app.gateway.snapshot import DatedRows, route_of, routing_of
 from app.gateway.table import GatewaySnapshot
 from app.store.routing_rows import (
     CanaryRow,
@@ -66,12 +66,12 @@ class Fleet:
 
 
 def read(
-    fleet: Fleet, held: HeldRoutes | None, touched: list[str]
+    fleet: Fleet, held: HeldRoutes | None, touched: list[str], *, whole: bool = False
 ) -> tuple[GatewaySnapshot, HeldRoutes]:
-    """The snapshot a read of the changes to ``touched`` makes after ``held`` (of every
-    route without ``held``)."""
+    """The snapshot a read of the changes to ``touched`` makes after ``held``; of every
+    route without ``held`` or with ``whole``, taken in against ``held``."""
     fleet.position += 1
-    changed = None if held is None else RouteChanges(replicas=touched)
+    changed = None if held is None or whole else RouteChanges(replicas=touched)
     return routing_of(DatedRows(fleet.rows(changed), 0.0), held)
 
 
@@ -86,15 +86,20 @@ Change = tuple[str, str, str, int]
 
 changes = st.lists(
     st.tuples(
-        st.sampled_from(
-            ("place", "remove", "address", "weight", "revision", "drain", "canary", "policy")
+        st.tuples(
+            st.sampled_from(
+                ("place", "remove", "address", "weight", "revision", "drain", "canary", "policy")
+            ),
+            st.sampled_from(REPLICAS + MODELS),
+            st.sampled_from((*MODELS, "least_loaded", "prefix", "session")),
+            st.integers(min_value=0, max_value=2),
         ),
-        st.sampled_from(REPLICAS + MODELS),
-        st.sampled_from((*MODELS, "least_loaded", "prefix", "session")),
-        st.integers(min_value=0, max_value=2),
+        st.booleans(),
     ),
     max_size=25,
 )
+"""Changes, each with whether the read after it reads every route (as a gateway does on a
+connection, every 30 s and after a rebuild) rather than the changes."""
 
 
 def apply(fleet: Fleet, change: Change) -> list[str]:
@@ -162,7 +167,9 @@ def members(rendezvous: object) -> object:
 
 @settings(max_examples=150, deadline=None)
 @given(changes)
-def test_snapshots_taken_in_by_their_changes_route_as_fresh_ones(steps: list[Change]) -> None:
+def test_snapshots_taken_in_by_their_changes_route_as_fresh_ones(
+    steps: list[tuple[Change, bool]],
+) -> None:
     fleet = Fleet()
     for i, replica in enumerate(REPLICAS[:4]):
         fleet.routes[replica] = route_row(replica, MODELS[i % 2])
@@ -171,7 +178,7 @@ def test_snapshots_taken_in_by_their_changes_route_as_fresh_ones(steps: list[Cha
     snapshot, held = read(fleet, None, [])
     before = snapshot
     router.update(egress.admit(snapshot))
-    for step in steps:
+    for step, whole_read in steps:
         states = {}
         for routed in router.replicas.by_model.values():
             for state in routed:
@@ -180,7 +187,7 @@ def test_snapshots_taken_in_by_their_changes_route_as_fresh_ones(steps: list[Cha
                 states[state.route.replica_id] = (state, state.route.url, state.in_flight)
         rows_before = dict(fleet.routes)
         touched = apply(fleet, step)
-        snapshot, held = read(fleet, held, touched)
+        snapshot, held = read(fleet, held, touched, whole=whole_read)
         whole, _ = read(fleet, None, [])
         assert snapshot.routes == whole.routes
         assert snapshot.canaries == whole.canaries
@@ -231,6 +238,26 @@ def test_a_read_of_changes_keeps_the_tuple_of_every_model_it_did_not_touch() -> 
 
     assert second.routes["llama"] is first.routes["llama"]
     assert second.routes["qwen"] != first.routes["qwen"]
+
+
+def test_a_read_of_every_route_keeps_the_tuple_of_every_model_whose_rows_it_found_alike() -> None:
+    fleet = Fleet()
+    fleet.routes = {
+        "r0": route_row("r0", "llama"),
+        "r1": route_row("r1", "qwen"),
+        "r2": route_row("r2", "mistral"),
+    }
+    first, held = read(fleet, None, [])
+    fleet.routes["r1"] = route_row("r1", "qwen", address="127.0.0.2")
+    del fleet.routes["r2"]
+
+    second, held = read(fleet, held, [], whole=True)
+
+    assert second.routes["llama"] is first.routes["llama"]
+    assert second.routes["qwen"] == (route_of(fleet.routes["r1"]),)
+    assert "mistral" not in second.routes
+    third, _ = read(fleet, held, [], whole=True)
+    assert third.routes["qwen"] is second.routes["qwen"]
 
 
 def test_the_router_keeps_the_replicas_of_a_model_whose_tuple_it_saw() -> None:
