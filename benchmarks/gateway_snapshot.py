@@ -58,6 +58,7 @@ from app.domain.model_spec import MAX_COLD_START_S
 from app.gateway.egress import EngineEgress
 from app.gateway.held_routes import HeldRoutes
 from app.gateway.metrics import GatewayMetrics
+from app.gateway.routed_urls import RoutedUrls
 from app.gateway.router import Router
 from app.gateway.snapshot import DatedRows, routing_of
 from app.gateway.source import (
@@ -312,13 +313,16 @@ async def change(owner: asyncpg.Connection) -> None:
 
 
 def as_a_gateway_takes_it() -> Callable[[GatewaySnapshot], None]:
-    """What a gateway does with each snapshot (``GatewayServer._use``): the egress check,
-    then the router."""
+    """What a gateway does with each snapshot (``Gateway._use``): the egress check, the
+    engines it routes to followed (``GatewayApp.use``), then the router."""
     egress = EngineEgress(None, GatewayMetrics(CollectorRegistry()))
+    routed = RoutedUrls()
     router = Router()
 
     def take(snapshot: GatewaySnapshot) -> None:
-        router.update(egress.admit(snapshot))
+        admitted = egress.admit(snapshot)
+        routed.take(admitted.routes)
+        router.update(admitted)
 
     return take
 

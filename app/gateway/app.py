@@ -69,6 +69,7 @@ from app.gateway.exchange_steps import ExchangeSteps
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.proxy import Upstream
 from app.gateway.ratelimit import Limiter
+from app.gateway.routed_urls import RoutedUrls
 from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot
 from app.gateway.traffic import TrafficWindow
@@ -134,6 +135,7 @@ class GatewayApp:
         self._session: aiohttp.ClientSession | None = None
         self._engines: EngineClient | None = None
         self.snapshot = GatewaySnapshot()
+        self._routed = RoutedUrls()
         self._steps = ExchangeSteps(
             snapshot=lambda: self.snapshot,
             metrics=metrics,
@@ -156,10 +158,9 @@ class GatewayApp:
         """Serve by ``snapshot`` from now on; engines it no longer routes to lose their
         connection pools."""
         self.snapshot = snapshot
+        gone = self._routed.take(snapshot.routes)
         if self._engines is not None:
-            self._engines.keep_only(
-                {route.url for routes in snapshot.routes.values() for route in routes}
-            )
+            self._engines.keep_only(self._routed, among=gone)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import ssl
 import time
-from collections.abc import AsyncGenerator, Collection
+from collections.abc import AsyncGenerator, Container, Iterable
 from urllib.parse import urlsplit
 
 from app.gateway.engine_answer import EngineAnswer
@@ -124,6 +124,8 @@ class EngineClient:
         self._timeouts = timeouts or EngineTimeouts()
         self._on_timeout = on_timeout
         self._origins: dict[str, EngineOrigin] = {}
+        self._opened: list[str] = []
+        """Engines whose pool was opened since the last ``keep_only``."""
 
     async def post(self, base_url: str, path: str, body: bytes, request_id: str) -> EngineAnswer:
         """POST ``body`` (JSON) to ``base_url + path``; returns once the answer's head is in.
@@ -229,6 +231,7 @@ class EngineClient:
             origin = self._origins[base_url] = EngineOrigin(
                 base_url, self._connect_timeout_s, self._timeouts, self._on_timeout
             )
+            self._opened.append(base_url)
         return origin
 
     @property
@@ -236,11 +239,20 @@ class EngineClient:
         """The engines (base URLs) it keeps a pool of connections to."""
         return frozenset(self._origins)
 
-    def keep_only(self, base_urls: Collection[str]) -> None:
+    def keep_only(self, base_urls: Container[str], *, among: Iterable[str] | None = None) -> None:
         """Close and forget the pools of every engine but ``base_urls`` (those still routed
-        to): idle connections close now, busy ones when their answer is done."""
-        for base_url in [url for url in self._origins if url not in base_urls]:
-            self._origins.pop(base_url).close()
+        to): idle connections close now, busy ones when their answer is done. With
+        ``among``, only the pools of those engines and of the ones opened since the last
+        call are looked at: what a snapshot stopped routing to, and a pool opened after its
+        engine left routing by a request that chose it just before."""
+        candidates = list(self._origins) if among is None else [*among, *self._opened]
+        self._opened.clear()
+        for base_url in candidates:
+            if base_url in base_urls:
+                continue
+            origin = self._origins.pop(base_url, None)
+            if origin is not None:
+                origin.close()
 
     def close(self) -> None:
         """Close the idle connections (answers in progress close their own)."""

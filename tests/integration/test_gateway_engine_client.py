@@ -324,6 +324,32 @@ async def test_engines_no_longer_routed_lose_their_pools_once_their_answers_are_
         assert (kept.connections, closed["kept"].is_set()) == (1, False)
 
 
+async def test_a_sweep_among_engines_left_closes_those_and_pools_opened_since_the_last(
+    client: EngineClient,
+) -> None:
+    """A gateway looks only at the engines a snapshot stopped routing to, and at the pools
+    opened since the last snapshot: a request that chose an engine just before it left
+    routing may open its pool after that snapshot was taken in."""
+    async with (
+        Server(keep_answering(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")) as kept,
+        Server(keep_answering(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")) as late,
+    ):
+        for server in (kept, late):
+            assert await (await client.post(server.url, "/x", b"{}", "r")).read() == b"ok"
+
+        client.keep_only({kept.url}, among=[])
+
+        assert client.pooled == {kept.url}  # opened since the last sweep, and not routed
+        assert await (await client.post(late.url, "/x", b"{}", "r")).read() == b"ok"
+        client.keep_only({kept.url, late.url}, among=[])
+        client.keep_only({kept.url, late.url}, among=[])
+        assert client.pooled == {kept.url, late.url}
+
+        client.keep_only({kept.url}, among=[late.url])
+
+        assert client.pooled == {kept.url}
+
+
 # -- an engine's answer is hostile input too ------------------------------------------------
 
 
