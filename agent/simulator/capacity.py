@@ -139,10 +139,6 @@ class CapacityModel:
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
 
-    @property
-    def step_in_progress(self) -> bool:
-        return self._step is not None
-
     def submit(self, prompt: Sequence[str], max_tokens: int, now: float) -> int:
         """Queue a request; returns its id. Raises ``RequestTooLarge``."""
         if max_tokens < 1:

@@ -23,7 +23,6 @@ Upcaster = Callable[[Payload], Payload]
 
 _encoder = msgspec.json.Encoder()
 _event_decoder = msgspec.json.Decoder(AnyEvent)
-_meta_decoder = msgspec.json.Decoder(Meta)
 
 
 def _shard_failed_v1_to_v2(payload: Payload) -> Payload:
@@ -129,10 +128,6 @@ def storable_meta(meta: Meta) -> Meta:
 
 def encode_meta(meta: Meta) -> bytes:
     return _encoder.encode(meta)
-
-
-def decode_meta(data: bytes | str) -> Meta:
-    return _meta_decoder.decode(data)
 
 
 def decode_event(position: int, type_name: str, schema_version: int, data: bytes | str) -> AnyEvent:

@@ -56,9 +56,6 @@ class DatabaseUrl:
     def with_credentials(self, username: str, password: str | None) -> DatabaseUrl:
         return replace(self, username=username, password=password)
 
-    def with_database(self, database: str) -> DatabaseUrl:
-        return replace(self, database=database)
-
     def libpq(self) -> str:
         """``postgresql://user:pass@h1:p1,h2:p2/db?...``: libpq's and asyncpg's form."""
         hosts = ",".join(_host_port(host, port) for host, port in self.hosts)
