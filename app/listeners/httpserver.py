@@ -26,8 +26,10 @@ The limits (``ListenerLimits``), as ``app.listeners.limits`` puts them on uvicor
 - the head within ``header_timeout_s`` of the connection opening, or of the first byte
   of the next request on a kept-alive one; the body within ``body_timeout_s`` of the
   head, not counting the time the socket is not read (flow control, a pipelined request
-  waiting); otherwise 408, but for a connection that sent no byte at all in that time,
-  which is closed without an answer and counted apart (``ListenerRefusals.closed_silent``);
+  waiting); otherwise 408, but for a connection that began no request in that time (it
+  sent no byte, or empty lines only, which RFC 9112 (2.2) has a server ignore before a
+  request), which is closed without an answer and counted apart
+  (``ListenerRefusals.closed_silent``); empty lines do not restart the header timeout;
 - a client that takes in nothing of its answer for ``send_timeout_s`` (the transport's
   buffer stays full) is disconnected, unsent bytes dropped: the app sees it gone, so its
   request ends and frees what it holds (a replica's slot at the gateway);
@@ -173,6 +175,9 @@ class HttpConnection(asyncio.Protocol):
         self._stage = listener.head
         self._reading_head = True
         self._head_bytes = 0
+        self._requested = False
+        """Whether a request has begun on this connection: until one has, what came
+        (nothing, or empty lines, which begin none) asked nothing to answer."""
         self._lingering = False
         self._read_paused = False
         self._body_left_s: float | None = None
@@ -282,6 +287,7 @@ class HttpConnection(asyncio.Protocol):
     # -- httptools' callbacks -------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self._requested = True
         self._target = b""
         self._headers = []
         self._expect_continue = False
@@ -439,10 +445,11 @@ class HttpConnection(asyncio.Protocol):
             self.due = math.inf
             self.transport.close()
             return
-        if self._stage is self.listener.head and self._head_bytes == 0:
-            # Nothing of a request came: a connection opened ahead of use (a load balancer's
-            # or a proxy's pool) or a TCP health check. Nobody asked anything, so nothing is
-            # answered and nothing refused; the slot it held is freed all the same.
+        if self._stage is self.listener.head and not self._requested:
+            # Nothing of a request came, or empty lines only: a connection opened ahead of
+            # use (a load balancer's or a proxy's pool), a keep-alive probe or a TCP health
+            # check. Nobody asked anything, so nothing is answered and nothing refused; the
+            # slot it held is freed all the same.
             self.due = math.inf
             self.listener.refusals.closed_silent()
             self.transport.close()

@@ -9,8 +9,9 @@ memory behind it, forever, and enough of them hold every connection the process 
 
 - the head (request line and headers) must arrive within ``header_timeout_s`` of the
   connection opening, or of the first byte of the next request on a kept-alive one; a
-  connection that sends no byte at all in that time (opened ahead of use by a load
-  balancer, a TCP health check) is closed without an answer, and counted apart from the
+  connection that begins no request in that time (opened ahead of use by a load balancer,
+  a TCP health check: it sends no byte, or empty lines only, which RFC 9112 (2.2) has a
+  server ignore before a request) is closed without an answer, and counted apart from the
   refusals (``ListenerRefusals.closed_silent``);
 - the body within ``body_timeout_s`` of the head (the listeners' own server leaves out the
   time it does not read the body: ``app.listeners.httpserver``);
@@ -34,13 +35,12 @@ shorter timeout), so a late client is cut off up to that much after its time.
 
 A client over a limit gets a short answer (408, 413, 431 or 503 with ``Retry-After``, in the
 listener's own error shape) and its connection is closed; nobody else notices. A
-connection that never sent a byte asked nothing and is no client over a limit: it is only
-closed. Each refusal,
-and each request uvicorn answers 400 for not parsing, is counted and logged by reason
-(``app.listeners.refusals``): uvicorn's own warning for every such request, which any
-client could repeat without end, is left out. The time between requests on a
-kept-alive connection is uvicorn's own keep-alive timeout: its 5 s, or what the listener
-sets (the gateway's client listener: ``app.gateway.server.IDLE_KEEP_ALIVE_S``).
+connection that began no request asked nothing and is no client over a limit: it is only
+closed. Each refusal, and each request uvicorn answers 400 for not parsing, is counted and
+logged by reason (``app.listeners.refusals``): uvicorn's own warning for every such
+request, which any client could repeat without end, is left out. The time between
+requests on a kept-alive connection is uvicorn's own keep-alive timeout: its 5 s, or what
+the listener sets.
 """
 
 from __future__ import annotations
@@ -216,6 +216,9 @@ def limited(
         _stage = head
         _reading_head = True
         _head_bytes = 0
+        _requested = False
+        """Whether a request has begun on this connection: until one has, what came
+        (nothing, or empty lines, which begin none) asked nothing to answer."""
         _lingering = False
         _send_watch: SendWatch | None = None
 
@@ -276,6 +279,7 @@ def limited(
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self._requested = True
             if not self._reading_head:
                 # The next request of a kept-alive connection: its head is timed anew.
                 self._reading_head, self._head_bytes = True, 0
@@ -373,7 +377,7 @@ def limited(
         def _sweep(loop: asyncio.AbstractEventLoop) -> None:
             now = loop.time()
             for connection in [c for c in Limited._open if c._due <= now]:
-                if connection._stage is head and connection._head_bytes == 0:
+                if connection._stage is head and not connection._requested:
                     connection._close_silent()
                     continue
                 seconds, what = connection._stage
@@ -402,10 +406,10 @@ def limited(
                 loop.call_later(sweep_every_s, Limited._sweep, loop)
 
         def _close_silent(self) -> None:
-            """Nothing of a request came within the header timeout: a connection opened
-            ahead of use (a load balancer's or a proxy's pool) or a TCP health check.
-            Nobody asked anything, so nothing is answered and nothing refused; the slot it
-            held is freed all the same."""
+            """Nothing of a request came within the header timeout, or empty lines only: a
+            connection opened ahead of use (a load balancer's or a proxy's pool), a
+            keep-alive probe or a TCP health check. Nobody asked anything, so nothing is
+            answered and nothing refused; the slot it held is freed all the same."""
             self._due = math.inf
             Limited._open.discard(self)
             if self.transport.is_closing():

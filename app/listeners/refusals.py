@@ -13,11 +13,13 @@ quiet minute is logged at once, the rest of a burst is in the count and in the n
 (``app.domain.log_throttle``, as every throttled warning).
 Each line is a warning: something refused and handled (docs/operations.md, Logs).
 
-A connection that sends nothing before its header timeout is no refusal: load balancers and
-proxies open connections ahead of use and TCP health checks connect and say nothing, so a
-silent connection is healthy traffic. It is closed without an answer (no request was asked)
-and only counted (``closed_silent``), so that an alert on refusals fires on clients that
-began a request and stalled, never on a pool of idle connections.
+A connection that begins no request before its header timeout is no refusal: load
+balancers and proxies open connections ahead of use and TCP health checks connect and say
+nothing, so a silent connection is healthy traffic; so is one that sent only empty lines,
+which some clients and load balancers send between requests or as a keep-alive probe and
+which begin no request (RFC 9112, 2.2). It is closed without an answer (no request was
+asked) and only counted (``closed_silent``), so that an alert on refusals fires on clients
+that began a request and stalled, never on a pool of idle connections.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ class RefusalReason(StrEnum):
     """503: the listener holds ``max_connections`` connections already."""
     HEADER_TIMEOUT = "header_timeout"
     """408: the head, begun, did not arrive whole within ``header_timeout_s``; a connection
-    that sent nothing is no refusal (``ListenerRefusals.closed_silent``)."""
+    that sent nothing, or empty lines only, is no refusal
+    (``ListenerRefusals.closed_silent``)."""
     BODY_TIMEOUT = "body_timeout"
     """408: the body did not arrive within ``body_timeout_s``."""
     HEADER_SIZE = "header_size"
@@ -59,9 +62,9 @@ class RefusalReason(StrEnum):
 
 class ListenerRefusals:
     """The refusals of one listener since it was made, and the silent connections it
-    closed. ``name``: the listener, as its log lines and its metrics' ``listener`` label
-    all call it, so that a line is found from the series it explains. ``clock``: monotonic
-    seconds."""
+    closed. ``name``: the listener, as its log lines and its metrics'
+    ``listener`` label all call it, so that a line is found from the series it explains.
+    ``clock``: monotonic seconds."""
 
     def __init__(
         self,
@@ -83,13 +86,14 @@ class ListenerRefusals:
 
     @property
     def silent_closed(self) -> int:
-        """Connections closed for sending nothing within the header timeout."""
+        """Connections closed for beginning no request within the header timeout."""
         return self._silent_closed
 
     def closed_silent(self) -> None:
-        """Count a connection closed, unanswered, for sending no byte within the header
-        timeout: a preconnected or health-checking peer, not a refusal, so not logged (a
-        pool of such connections would be a line each)."""
+        """Count a connection closed, unanswered, for beginning no request within the
+        header timeout (it sent nothing, or empty lines only): a preconnected or
+        health-checking peer, not a refusal, so not logged (a pool of such connections
+        would be a line each)."""
         self._silent_closed += 1
 
     def refused(
@@ -120,8 +124,8 @@ class ListenerRefusals:
 class ListenerCollector(Collector):
     """Two counters of each of ``listeners``, by ``listener`` (its ``name``, as its log
     lines say), read at each scrape: ``{prefix}_refusals`` by reason, and
-    ``{prefix}_idle_closed``, the connections closed for sending nothing. Each listener has
-    every series from the start."""
+    ``{prefix}_idle_closed``, the connections closed for beginning no request. Each
+    listener has every series from the start."""
 
     def __init__(self, prefix: str, listeners: Sequence[ListenerRefusals]) -> None:
         self._prefix = prefix
@@ -138,9 +142,10 @@ class ListenerCollector(Collector):
         )
         idle_closed = CounterMetricFamily(
             f"{self._prefix}_idle_closed",
-            "Connections the listener closed without an answer because they sent no byte "
-            "within the header timeout (preconnected by a load balancer or proxy, or a TCP "
-            "health check), by listener; not refusals.",
+            "Connections the listener closed without an answer because they began no "
+            "request within the header timeout: sent no byte, or empty lines only "
+            "(preconnected by a load balancer or proxy, or a TCP health check), by listener; "
+            "not refusals.",
             labels=["listener"],
         )
         for listener in self._listeners:

@@ -864,6 +864,16 @@ async def test_an_idle_kept_alive_connection_is_closed_after_the_idle_time() -> 
         await client.close()
 
 
+async def test_a_request_after_empty_lines_is_served_on_a_kept_alive_connection() -> None:
+    async with serving(Echo()) as (_, port):
+        client = await Client.to(port)
+        await client.send(b"\r\n" + get("/first") + b"\r\n\r\n")
+        assert (await client.answer())[2] == b"GET /first? "
+        await client.send(b"\r\n" + get("/second"))
+        assert (await client.answer())[2] == b"GET /second? "
+        await client.close()
+
+
 async def test_a_connection_whose_body_came_after_its_answer_is_closed_when_idle() -> None:
     """A refusal that needs no body (no key, an unknown path) goes before the body has
     come; the body then comes, and the connection is idle: the idle time holds for it as

@@ -12,7 +12,9 @@ parse is left out of the log.
 A connection that sends nothing at all (a load balancer's connection opened ahead of use, a
 TCP health check) is no refusal: at its header timeout it is closed without an answer,
 counted under ``..._listener_idle_closed_total`` and not logged, while one that began a
-head and stalled is still answered 408 and counted as ``header_timeout``.
+head and stalled is still answered 408 and counted as ``header_timeout``. Nor is one that
+sends only empty lines, which begin no request: however many it sends, it is closed at the
+same time, and a request after them is served.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from structlog.testing import capture_logs
 from app.gateway.server import StaticSource
 from app.listeners.limits import ListenerLimits
 from app.store.postgres import PostgresEventStore
-from tests.integration.test_listener_limits import HEAD, admin_listener, status_of
+from tests.integration.test_listener_limits import HEAD, admin_listener, status_of, trickle
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
 from tests.support.waiting import wait_until
 
@@ -351,3 +353,79 @@ async def test_the_admin_api_closes_a_silent_connection_unanswered_and_counts_it
     assert sum(counted.values()) == 1
     [line] = [e for e in logs if e["event"] == REFUSED_EVENT]
     assert (line["reason"], line["status"]) == ("header_timeout", 408)
+
+
+# -- empty lines before a request are no request (RFC 9112, 2.2) --------------------------
+
+EMPTY_LINES = b"\r\n\r\n"
+"""What some clients and load balancers send between requests, or as a keep-alive probe."""
+LAST_REQUEST = b"GET /healthz HTTP/1.1\r\nHost: llmgw\r\nConnection: close\r\n\r\n"
+
+
+async def test_a_gateway_closes_a_connection_of_empty_lines_quietly_as_an_idle_one() -> None:
+    _, record = new_key()
+    source = StaticSource(snapshot_of([], [record]))
+    with GatewayThread(source, limits=SILENT_WITHIN, metrics_port=0) as gateway:
+        port = gateway.gateway.port
+        with capture_logs() as logs:
+            empty = await answer_to(port, EMPTY_LINES)
+            served = await answer_to(port, EMPTY_LINES + LAST_REQUEST)
+        idle = await idle_closed_on(gateway.metrics_url, GATEWAY_IDLE_CLOSED)
+        counted = await refusals_of(gateway)
+
+    assert empty == b""
+    assert status_of(served) == 200
+    assert idle == {"client": 1, "metrics": 0}
+    assert sum(counted.values()) == 0
+    assert [e for e in logs if e["log_level"] in WARNING_OR_ABOVE] == []
+
+
+async def test_the_admin_api_closes_a_connection_of_empty_lines_quietly_as_an_idle_one(
+    pg_store: PostgresEventStore,
+) -> None:
+    async with admin_listener(pg_store, SILENT_WITHIN) as port:
+        metrics_url = f"http://127.0.0.1:{port}/metrics"
+        with capture_logs() as logs:
+            empty = await answer_to(port, EMPTY_LINES)
+            served = await answer_to(port, EMPTY_LINES + LAST_REQUEST)
+        idle = await idle_closed_on(metrics_url, ADMIN_IDLE_CLOSED)
+        counted = await refusals_on(metrics_url, ADMIN_REFUSALS, "admin")
+
+    assert empty == b""
+    assert status_of(served) == 200
+    assert idle == {"admin": 1}
+    assert sum(counted.values()) == 0
+    assert [e for e in logs if e["log_level"] in WARNING_OR_ABOVE] == []
+
+
+ENDLESS_EMPTY_LINES = b"\r\n" * 100
+"""Sent a byte at a time (``trickle``): seconds of them, far past ``SILENT_WITHIN``'s."""
+
+
+async def test_a_gateway_connection_sending_empty_lines_without_end_is_closed_in_time() -> None:
+    _, record = new_key()
+    source = StaticSource(snapshot_of([], [record]))
+    with GatewayThread(source, limits=SILENT_WITHIN, metrics_port=0) as gateway:
+        cut = await trickle(gateway.gateway.port, ENDLESS_EMPTY_LINES)
+        idle = await idle_closed_on(gateway.metrics_url, GATEWAY_IDLE_CLOSED)
+        counted = await refusals_of(gateway)
+
+    assert cut.sent < len(ENDLESS_EMPTY_LINES)
+    assert cut.answer == b""
+    assert idle["client"] == 1
+    assert sum(counted.values()) == 0
+
+
+async def test_an_admin_api_connection_sending_empty_lines_without_end_is_closed_in_time(
+    pg_store: PostgresEventStore,
+) -> None:
+    async with admin_listener(pg_store, SILENT_WITHIN) as port:
+        metrics_url = f"http://127.0.0.1:{port}/metrics"
+        cut = await trickle(port, ENDLESS_EMPTY_LINES)
+        idle = await idle_closed_on(metrics_url, ADMIN_IDLE_CLOSED)
+        counted = await refusals_on(metrics_url, ADMIN_REFUSALS, "admin")
+
+    assert cut.sent < len(ENDLESS_EMPTY_LINES)
+    assert cut.answer == b""
+    assert idle == {"admin": 1}
+    assert sum(counted.values()) == 0
