@@ -38,7 +38,9 @@ The limits (``ListenerLimits``), as ``app.listeners.limits`` puts them on uvicor
   413 as soon as the head is read: the app never sees the request, and a client waiting
   for ``100 Continue`` is not sent one;
 - at most ``max_connections`` connections: one more is answered 503 at once;
-- a kept-alive connection idle for ``idle_s`` is closed, without an answer;
+- a kept-alive connection idle for ``idle_s`` is closed, without an answer, and counted
+  (``ListenerRefusals.closed_keepalive``); empty lines between requests begin no request,
+  so they do not restart the idle time;
 - a request HTTP cannot parse is answered 400, and so is one whose head a proxy in front
   could frame otherwise (``http11.framing_refusal``: no ``Host`` or two, a
   ``Transfer-Encoding`` but ``chunked``; 505 for a version but 1.0 and 1.1), before the
@@ -443,6 +445,7 @@ class HttpConnection(asyncio.Protocol):
         seconds, what = self._stage
         if what == _IDLE:
             self.due = math.inf
+            self.listener.refusals.closed_keepalive()
             self.transport.close()
             return
         if self._stage is self.listener.head and not self._requested:

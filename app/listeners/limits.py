@@ -38,9 +38,15 @@ listener's own error shape) and its connection is closed; nobody else notices. A
 connection that began no request asked nothing and is no client over a limit: it is only
 closed. Each refusal, and each request uvicorn answers 400 for not parsing, is counted and
 logged by reason (``app.listeners.refusals``): uvicorn's own warning for every such
-request, which any client could repeat without end, is left out. The time between
-requests on a kept-alive connection is uvicorn's own keep-alive timeout: its 5 s, or what
-the listener sets.
+request, which any client could repeat without end, is left out.
+
+The time between requests on a kept-alive connection is uvicorn's keep-alive timeout
+(``timeout_keep_alive``: its 5 s, unless the listener sets it), from the last answer, or
+from the end of a body that came after its answer, timed by the sweep instead of uvicorn's
+timer: uvicorn stops its timer at every byte it reads and starts it again only at an
+answer, so a client sending an empty line now and then, or the body of a request answered
+without it, would hold its connection for ever. A kept-alive connection closed at that
+time is counted (``ListenerRefusals.closed_keepalive``), not logged.
 """
 
 from __future__ import annotations
@@ -70,6 +76,8 @@ DEFAULT_SEND_TIMEOUT_S = 60.0
 """As nginx's ``send_timeout``: a client may take no more than this to take in some of an
 answer the server cannot send it faster."""
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+_IDLE = "idle"
+"""What a connection waits for between requests: the next one, no part of this one."""
 LINGER_S = 2.0
 """How long a refused connection is read (and its bytes dropped) before it is closed."""
 
@@ -314,8 +322,36 @@ def limited(
 
         def on_message_complete(self) -> None:
             self._due = math.inf
-            if not self._lingering:
-                super().on_message_complete()
+            if self._lingering:
+                return
+            super().on_message_complete()
+            cycle = self.cycle
+            if cycle is not None and cycle.response_complete and not cycle.disconnected:
+                # Answered before its body was all here (a refusal that needed none): the
+                # connection is idle from now on, as after any other answer. uvicorn's
+                # keep-alive timer, armed at the answer, was stopped by the body's bytes.
+                self._idle()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if (
+                self.timeout_keep_alive_task is not None
+                and not self._reading_head
+                and self._due == math.inf
+            ):
+                # uvicorn armed its keep-alive timer: the request was read whole and no next
+                # one has begun.
+                self._idle()
+
+        def _idle(self) -> None:
+            """Time the connection's wait for its next request by the sweep, from now,
+            until that request begins (``on_message_begin``), rather than by uvicorn's
+            keep-alive timer: that restarts at every byte read, empty lines too, which
+            begin no request, and is not restarted once a late body has stopped it."""
+            if self.transport.is_closing():
+                return
+            self._unset_keepalive_if_required()
+            self._await((self.timeout_keep_alive, _IDLE))
 
         def _head_too_large(self) -> bool:
             """Refuse the request whose head was just read if it is over the header limit
@@ -381,6 +417,9 @@ def limited(
                     connection._close_silent()
                     continue
                 seconds, what = connection._stage
+                if what == _IDLE:
+                    connection._close_idle()
+                    continue
                 connection._refuse(
                     408,
                     f"{what[0].upper()}{what[1:]} did not arrive within {seconds:g} s.",
@@ -404,6 +443,16 @@ def limited(
             Limited._sweeping = bool(Limited._open)
             if Limited._sweeping:
                 loop.call_later(sweep_every_s, Limited._sweep, loop)
+
+        def _close_idle(self) -> None:
+            """A kept-alive connection began no next request within the keep-alive time:
+            closed, as uvicorn's timer would, and counted."""
+            self._due = math.inf
+            Limited._open.discard(self)
+            if self.transport.is_closing():
+                return
+            counted.closed_keepalive()
+            self.transport.close()
 
         def _close_silent(self) -> None:
             """Nothing of a request came within the header timeout, or empty lines only: a

@@ -20,6 +20,12 @@ which some clients and load balancers send between requests or as a keep-alive p
 which begin no request (RFC 9112, 2.2). It is closed without an answer (no request was
 asked) and only counted (``closed_silent``), so that an alert on refusals fires on clients
 that began a request and stalled, never on a pool of idle connections.
+
+A kept-alive connection closed at the listener's idle time between requests is counted too
+(``closed_keepalive``), apart from the silent ones: it served requests, and its count says
+how often clients keep connections open longer than the listener does, each such close a
+chance for a client's next request to race it; mixed with the pool of connections opened
+ahead of use, that would be lost.
 """
 
 from __future__ import annotations
@@ -61,8 +67,8 @@ class RefusalReason(StrEnum):
 
 
 class ListenerRefusals:
-    """The refusals of one listener since it was made, and the silent connections it
-    closed. ``name``: the listener, as its log lines and its metrics'
+    """The refusals of one listener since it was made, and the silent and the kept-alive
+    idle connections it closed. ``name``: the listener, as its log lines and its metrics'
     ``listener`` label all call it, so that a line is found from the series it explains.
     ``clock``: monotonic seconds."""
 
@@ -77,6 +83,7 @@ class ListenerRefusals:
         self._clock = clock
         self._totals = dict.fromkeys(RefusalReason, 0)
         self._silent_closed = 0
+        self._keepalive_closed = 0
         self._lines = LogThrottle(interval_s, max_keys=len(RefusalReason))
         """Every reason remembered: the reasons are few and fixed, whoever connects."""
 
@@ -89,12 +96,23 @@ class ListenerRefusals:
         """Connections closed for beginning no request within the header timeout."""
         return self._silent_closed
 
+    @property
+    def keepalive_closed(self) -> int:
+        """Kept-alive connections closed for beginning no next request within the idle
+        time between requests."""
+        return self._keepalive_closed
+
     def closed_silent(self) -> None:
         """Count a connection closed, unanswered, for beginning no request within the
         header timeout (it sent nothing, or empty lines only): a preconnected or
         health-checking peer, not a refusal, so not logged (a pool of such connections
         would be a line each)."""
         self._silent_closed += 1
+
+    def closed_keepalive(self) -> None:
+        """Count a kept-alive connection closed, unanswered, for beginning no next request
+        within the idle time between requests: no refusal, so not logged."""
+        self._keepalive_closed += 1
 
     def refused(
         self,
@@ -122,10 +140,11 @@ class ListenerRefusals:
 
 
 class ListenerCollector(Collector):
-    """Two counters of each of ``listeners``, by ``listener`` (its ``name``, as its log
-    lines say), read at each scrape: ``{prefix}_refusals`` by reason, and
-    ``{prefix}_idle_closed``, the connections closed for beginning no request. Each
-    listener has every series from the start."""
+    """Three counters of each of ``listeners``, by ``listener`` (its ``name``, as its log
+    lines say), read at each scrape: ``{prefix}_refusals`` by reason,
+    ``{prefix}_idle_closed``, the connections closed for beginning no request, and
+    ``{prefix}_keepalive_closed``, the kept-alive ones closed for beginning no next one.
+    Each listener has every series from the start."""
 
     def __init__(self, prefix: str, listeners: Sequence[ListenerRefusals]) -> None:
         self._prefix = prefix
@@ -148,9 +167,18 @@ class ListenerCollector(Collector):
             "not refusals.",
             labels=["listener"],
         )
+        keepalive_closed = CounterMetricFamily(
+            f"{self._prefix}_keepalive_closed",
+            "Kept-alive connections the listener closed without an answer because they "
+            "began no next request within its idle time between requests, by listener; "
+            "not refusals.",
+            labels=["listener"],
+        )
         for listener in self._listeners:
             for reason, total in listener.totals().items():
                 refusals.add_metric([listener.name, reason.value], total)
             idle_closed.add_metric([listener.name], listener.silent_closed)
+            keepalive_closed.add_metric([listener.name], listener.keepalive_closed)
         yield refusals
         yield idle_closed
+        yield keepalive_closed

@@ -864,6 +864,62 @@ async def test_an_idle_kept_alive_connection_is_closed_after_the_idle_time() -> 
         await client.close()
 
 
+async def test_a_kept_alive_connection_closed_when_idle_is_counted_apart_from_silent_ones() -> None:
+    """A client whose pool keeps a connection longer than the listener does: closed, not
+    refused, and counted as such, not with the connections that never sent a byte."""
+    limits = ListenerLimits(header_timeout_s=0.4, body_timeout_s=0.4, max_connections=8)
+    async with serving(Echo(), limits=limits, idle_s=0.5) as (server, port):
+        client = await Client.to(port)
+        await client.send(get("/first"))
+        await client.answer()
+        assert await client.closed()
+        await client.close()
+
+        assert server.refusals.keepalive_closed == 1
+        assert server.refusals.silent_closed == 0
+        assert sum(server.refusals.totals().values()) == 0
+
+
+EMPTY_LINE_EVERY_S = 0.05
+"""The pace of a client sending empty lines: a hundred of them take seconds."""
+
+
+async def empty_lines_until_closed(client: Client, most: int = 100) -> int:
+    """Send empty lines, one at a time, until the server closes the connection or ``most``
+    are sent; how many were sent. The server must close it, answering nothing."""
+    closed = asyncio.create_task(client.reader.read())
+    sent = 0
+    try:
+        while sent < most and not closed.done():
+            try:
+                await client.send(b"\r\n")
+            except ConnectionError:
+                break
+            sent += 1
+            # The pace of the client under test, cut short by the server closing.
+            await asyncio.wait({closed}, timeout=EMPTY_LINE_EVERY_S)
+        assert await asyncio.wait_for(closed, 10) == b""
+    finally:
+        closed.cancel()
+    return sent
+
+
+async def test_empty_lines_do_not_keep_an_idle_connection_open() -> None:
+    """Empty lines between requests begin no request (RFC 9112, 2.2): the connection is
+    still idle, and closed at the idle time from its last answer however many come."""
+    limits = ListenerLimits(header_timeout_s=0.4, body_timeout_s=0.4, max_connections=8)
+    async with serving(Echo(), limits=limits, idle_s=0.5) as (server, port):
+        client = await Client.to(port)
+        await client.send(get("/first"))
+        await client.answer()
+        sent = await empty_lines_until_closed(client)
+        await client.close()
+
+        assert sent < 100
+        assert server.refusals.keepalive_closed == 1
+        assert sum(server.refusals.totals().values()) == 0
+
+
 async def test_a_request_after_empty_lines_is_served_on_a_kept_alive_connection() -> None:
     async with serving(Echo()) as (_, port):
         client = await Client.to(port)

@@ -14,7 +14,9 @@ TCP health check) is no refusal: at its header timeout it is closed without an a
 counted under ``..._listener_idle_closed_total`` and not logged, while one that began a
 head and stalled is still answered 408 and counted as ``header_timeout``. Nor is one that
 sends only empty lines, which begin no request: however many it sends, it is closed at the
-same time, and a request after them is served.
+same time, and a request after them is served. A kept-alive connection closed at the idle
+time between requests is counted too, under ``..._listener_keepalive_closed_total``, and
+empty lines do not keep it open longer.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from app.gateway.server import StaticSource
 from app.listeners.limits import ListenerLimits
 from app.store.postgres import PostgresEventStore
 from tests.integration.test_listener_limits import HEAD, admin_listener, status_of, trickle
+from tests.support.admin_server import serving_admin
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
 from tests.support.waiting import wait_until
 
@@ -429,3 +432,72 @@ async def test_an_admin_api_connection_sending_empty_lines_without_end_is_closed
     assert cut.answer == b""
     assert idle == {"admin": 1}
     assert sum(counted.values()) == 0
+
+
+# -- a kept-alive connection closed at the idle time is counted apart -------------------
+
+ADMIN_KEEPALIVE_CLOSED = "llmgw_admin_listener_keepalive_closed"
+KEEP_ALIVE_S = 0.5
+
+
+async def test_the_admin_api_counts_a_kept_alive_connection_it_closed_when_idle(
+    pg_store: PostgresEventStore,
+) -> None:
+    async with serving_admin(pg_store, limits=QUICK, keep_alive_s=KEEP_ALIVE_S) as url:
+        port = int(url.rsplit(":", 1)[1])
+        metrics_url = f"{url}/metrics"
+        before = await idle_closed_on(metrics_url, ADMIN_KEEPALIVE_CLOSED)
+        with capture_logs() as logs:
+            answer = await answer_to(port, HEAD)
+        after = await idle_closed_on(metrics_url, ADMIN_KEEPALIVE_CLOSED)
+        silent = await idle_closed_on(metrics_url, ADMIN_IDLE_CLOSED)
+        counted = await refusals_on(metrics_url, ADMIN_REFUSALS, "admin")
+
+    assert status_of(answer) == 200
+    assert before == {"admin": 0}
+    assert after == {"admin": 1}
+    assert silent == {"admin": 0}
+    assert sum(counted.values()) == 0
+    assert [e for e in logs if e["log_level"] in WARNING_OR_ABOVE] == []
+
+
+async def test_empty_lines_do_not_keep_an_idle_admin_api_connection_open(
+    pg_store: PostgresEventStore,
+) -> None:
+    """uvicorn restarts a kept-alive connection's idle time at every byte it reads; empty
+    lines begin no request, so they must not: the connection is closed at the idle time
+    from its last answer however many come."""
+    async with serving_admin(pg_store, limits=QUICK, keep_alive_s=KEEP_ALIVE_S) as url:
+        port = int(url.rsplit(":", 1)[1])
+        cut = await trickle(port, ENDLESS_EMPTY_LINES, quickly=HEAD)
+        closed = await idle_closed_on(f"{url}/metrics", ADMIN_KEEPALIVE_CLOSED)
+
+    assert cut.sent < len(ENDLESS_EMPTY_LINES)
+    assert status_of(cut.answer) == 200
+    assert cut.answer.count(b"HTTP/1.1 ") == 1
+    assert closed == {"admin": 1}
+
+
+async def test_an_admin_api_connection_whose_body_came_after_its_answer_is_closed_when_idle(
+    pg_store: PostgresEventStore,
+) -> None:
+    """An answer that needs no body (no such path) goes before the body has come; the body
+    then comes, and the connection is idle: the idle time holds for it as for any other,
+    or a client could keep connections open for ever at no cost."""
+    async with serving_admin(pg_store, limits=QUICK, keep_alive_s=KEEP_ALIVE_S) as url:
+        port = int(url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(head("POST /no-such-path HTTP/1.1", "Host: llmgw", "Content-Length: 5"))
+            await writer.drain()
+            answered = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            writer.write(b"hello")
+            await writer.drain()
+            rest = await asyncio.wait_for(reader.read(), 10)
+        finally:
+            writer.close()
+        closed = await idle_closed_on(f"{url}/metrics", ADMIN_KEEPALIVE_CLOSED)
+
+    assert status_of(answered) == 404
+    assert b"HTTP/1.1 " not in rest
+    assert closed == {"admin": 1}

@@ -53,6 +53,8 @@ from tests.support.waiting import wait_until
 LOOPBACK = "127.0.0.1"
 SHUTDOWN_GRACE_S = 2
 """As ``llmgw-server serve``: requests still going on this long after the stop are cut."""
+UVICORN_KEEP_ALIVE_S = 5.0
+"""uvicorn's own time a kept-alive connection may idle, which ``serve`` leaves as it is."""
 
 
 @dataclass(frozen=True)
@@ -118,12 +120,14 @@ async def serving_admin(
     auth_failures: FailureLimits | None = None,
     wrap: Callable[[ASGIApp], ASGIApp] | None = None,
     readiness: Readiness | None = None,
+    keep_alive_s: float = UVICORN_KEEP_ALIVE_S,
 ) -> AsyncIterator[str]:
     """The admin API over ``store`` until the block ends, on ``port`` or a free one; yields
     its base URL. ``tokens`` maps each token to the operator it names; ``limits`` are the
     listener's and ``auth_failures`` the budget of wrong tokens per address, as ``serve``
     sets them by default; ``readiness`` what ``/readyz`` checks (by default the store's
-    database)."""
+    database); ``keep_alive_s`` how long a kept-alive connection may idle between
+    requests."""
     authenticator = TokenAuthenticator(tokens or {}, FailureBudget(auth_failures))
     refusals = ListenerRefusals("admin")
     app = create_admin_app(store, authenticator, readiness, live=live, listener_refusals=refusals)
@@ -141,6 +145,7 @@ async def serving_admin(
         ws="none",
         ssl_context_factory=(lambda _config, _default: tls) if tls is not None else None,
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        timeout_keep_alive=keep_alive_s,
     )
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve(sockets=[listener]))

@@ -70,9 +70,23 @@ def test_a_silent_connection_closed_is_counted_apart_from_refusals_and_not_logge
     assert set(refusals.totals().values()) == {0}
 
 
-def test_each_listener_has_its_refusals_and_its_silent_closes_from_the_start() -> None:
+def test_a_kept_alive_connection_closed_when_idle_is_counted_apart_and_not_logged() -> None:
+    refusals = ListenerRefusals("client", clock=Clock())
+
+    with capture_logs() as logs:
+        refusals.closed_keepalive()
+
+    assert logs == []
+    assert refusals.keepalive_closed == 1
+    assert refusals.silent_closed == 0
+    assert set(refusals.totals().values()) == {0}
+
+
+def test_each_listener_has_its_refusals_and_its_idle_closes_from_the_start() -> None:
     client, metrics = ListenerRefusals("client"), ListenerRefusals("metrics")
     client.closed_silent()
+    client.closed_keepalive()
+    client.closed_keepalive()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ListenerCollector("llmgw_gateway_listener", [client, metrics]))
 
@@ -80,6 +94,8 @@ def test_each_listener_has_its_refusals_and_its_silent_closes_from_the_start() -
 
     assert 'llmgw_gateway_listener_idle_closed_total{listener="client"} 1.0' in page
     assert 'llmgw_gateway_listener_idle_closed_total{listener="metrics"} 0.0' in page
+    assert 'llmgw_gateway_listener_keepalive_closed_total{listener="client"} 2.0' in page
+    assert 'llmgw_gateway_listener_keepalive_closed_total{listener="metrics"} 0.0' in page
     assert 'llmgw_gateway_listener_refusals_total{listener="metrics",reason="connections"} 0.0' in (
         page
     )
