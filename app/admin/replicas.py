@@ -16,6 +16,8 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, QueryParameter
 
 from app.admin.guarded import GuardedController
+from app.admin.operation_schema import refusal
+from app.admin.problem_schemas import UnknownThingProblem
 from app.admin.replica_schemas import (
     GpuHeldElsewhereView,
     ReplicaEjectionView,
@@ -31,6 +33,11 @@ from app.services.operations import Operations
 from app.store.gateway_reports import Ejections
 
 SummaryT = TypeVar("SummaryT", bound=ReplicaSummary)
+MAX_REPLICAS_PER_PAGE = 5000
+"""The largest ``limit`` of a page of replicas, as of a page of keys or of history."""
+MAX_REPLICA_ID_LENGTH = 128
+"""Longer than any replica id (a model name of at most 63 characters, ``-`` and its
+number): a longer ``after`` names none."""
 NO_NODES: Mapping[str, Node] = MappingProxyType({})
 NOTHING_HELD_ELSEWHERE: HeldElsewhere = MappingProxyType({})
 
@@ -140,6 +147,17 @@ class ReplicaController(GuardedController):
         "/",
         summary="Replicas, by model, node and phase when given, and how many live gateways "
         "eject each",
+        description="Every replica the log knows, by model then number; without ended ones "
+        "with `ended=false` (an ended `phase` with it matches none). Without `limit`, every "
+        "such replica in one answer. With `limit`, at most that many, after the replica whose "
+        "id is `after` when given: pass the last replica's id as `after` for the next page; a "
+        "page with fewer than `limit` replicas is the last (a full one may be followed by an "
+        "empty one). An `after` that names no replica the log knows is refused (404).",
+        responses={
+            404: refusal(
+                UnknownThingProblem, "No replica has the id that after names (unknown-replica)"
+            )
+        },
     )
     async def list_replicas(
         self,
@@ -148,8 +166,29 @@ class ReplicaController(GuardedController):
         model: FromQuery[str | None] = None,
         node: Annotated[str | None, QueryParameter(description="with a shard on this node")] = None,
         phase: FromQuery[ReplicaPhase | None] = None,
+        ended: Annotated[
+            bool,
+            QueryParameter(
+                description="false: leave out the replicas in an ended phase (stopped, failed, "
+                "timed_out, lost)"
+            ),
+        ] = True,
+        after: Annotated[
+            str | None,
+            QueryParameter(
+                min_length=1,
+                max_length=MAX_REPLICA_ID_LENGTH,
+                description="list the replicas after the one with this id",
+            ),
+        ] = None,
+        limit: Annotated[
+            int | None,
+            QueryParameter(ge=1, le=MAX_REPLICAS_PER_PAGE, description="page size"),
+        ] = None,
     ) -> list[ReplicaSummary]:
-        replicas = await operations.replicas(model, node, phase)
+        replicas = await operations.replicas(
+            model, node, phase, ended=ended, after=after, limit=limit
+        )
         revisions = await operations.revisions(replicas)
         ejections = await traffic.ejections()
         elsewhere = gpus_held_elsewhere((await operations.current()).nodes.values())

@@ -184,17 +184,23 @@ class Replica(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ReplicaFilter(msgspec.Struct, frozen=True, kw_only=True):
-    """Replicas of ``model``, with a shard on ``node_id``, in ``phase`` (each if given)."""
+    """Replicas of ``model``, with a shard on ``node_id``, in ``phase`` (each if given), and
+    only those not ended unless ``ended``."""
 
     model: str | None = None
     node_id: str | None = None
     phase: ReplicaPhase | None = None
+    ended: bool = True
+    """Whether replicas in an ended phase (``ENDED_PHASES``) are among them: a fleet ends
+    thousands a day, and who asks for the replicas that exist leaves them out. With an ended
+    ``phase``, ``ended=False`` matches none."""
 
     def matches(self, replica: Replica) -> bool:
         return (
             (self.model is None or replica.model == self.model)
             and (self.node_id is None or self.node_id in replica.node_ids)
             and (self.phase is None or replica.phase is self.phase)
+            and (self.ended or replica.phase not in ENDED_PHASES)
         )
 
 

@@ -38,6 +38,7 @@ from app.domain.model_spec import AutoscalePolicy, ModelSpec, RoutingSettings
 from app.domain.model_status import ModelStatus, model_status
 from app.domain.operation_results import Change, InvalidOperation, OperationError
 from app.domain.placement import Explanation
+from app.domain.replica_listing import ListingKey, ReplicaPage, UnknownPageStart, listing_key
 from app.domain.reports import NodeReport
 from app.domain.state import (
     ApiKey,
@@ -449,16 +450,29 @@ class Operations:
         model: str | None = None,
         node_id: str | None = None,
         phase: ReplicaPhase | None = None,
+        *,
+        ended: bool = True,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[Replica]:
         """Replicas of ``model``, with a shard on ``node_id``, in ``phase`` (each if given),
-        those the fold forgot included, by model and number."""
+        ended ones too when ``ended``, those the fold forgot included, by model and number:
+        those after the replica ``after`` (``UnknownPageStart`` when the log knows no such
+        replica), at most ``limit``, when given."""
         state = await self.current()
-        among = ReplicaFilter(model=model, node_id=node_id, phase=phase)
-        forgotten = await self._store.forgotten_replicas(state.replicas.keys(), among)
-        return sorted(
-            [*node_decisions.replicas_matching(state, model, node_id, phase), *forgotten],
-            key=lambda r: (r.model, r.number),
-        )
+        among = ReplicaFilter(model=model, node_id=node_id, phase=phase, ended=ended)
+        page = ReplicaPage(after=await self._page_start(state, after), limit=limit)
+        forgotten = await self._store.forgotten_replicas(state.replicas.keys(), among, page)
+        return page.of([*filter(among.matches, state.replicas.values()), *forgotten])
+
+    async def _page_start(self, state: ClusterState, replica_id: str | None) -> ListingKey | None:
+        """Where the replica ``replica_id`` sorts, the fold's or one it forgot."""
+        if replica_id is None:
+            return None
+        replica = state.replicas.get(replica_id) or await self._forgotten(replica_id)
+        if replica is None:
+            raise UnknownPageStart(replica_id)
+        return listing_key(replica)
 
     async def revisions(self, replicas: Sequence[Replica]) -> dict[str, int]:
         """The current revision of each model of ``replicas``."""
@@ -475,10 +489,15 @@ class Operations:
         the events about it, exactly as the fold had it."""
         if replica_id in state.replicas:
             return
-        events = await self._store.read_about_replica(replica_id)
-        replica = node_decisions.replica_from_events(replica_id, events) if events else None
+        replica = await self._forgotten(replica_id)
         if replica is not None:
             state.replicas[replica_id] = replica
+
+    async def _forgotten(self, replica_id: str) -> Replica | None:
+        """The replica as the fold had it before forgetting it, rebuilt from the events
+        about it; None when the log has none."""
+        events = await self._store.read_about_replica(replica_id)
+        return node_decisions.replica_from_events(replica_id, events) if events else None
 
     # -- the shell -----------------------------------------------------------------------
 

@@ -60,6 +60,7 @@ import structlog
 
 from app.clock import utc_now
 from app.domain.envelope import Meta, Recorded
+from app.domain.replica_listing import WHOLE_LIST, ReplicaPage
 from app.domain.state import ClusterState, Replica, ReplicaFilter
 from app.store.codec import storable_meta
 from app.store.errors import (
@@ -148,9 +149,9 @@ class FoldedEventStore:
         return await self._recorder.read_about_replica(replica_id)
 
     async def forgotten_replicas(
-        self, known: Collection[str], among: ReplicaFilter
+        self, known: Collection[str], among: ReplicaFilter, page: ReplicaPage = WHOLE_LIST
     ) -> list[Replica]:
-        return await self._recorder.forgotten_replicas(known, among)
+        return await self._recorder.forgotten_replicas(known, among, page)
 
     async def stream_version(self, stream: str) -> int:
         return await self._recorder.stream_version(stream)

@@ -10,6 +10,7 @@ import msgspec
 
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import AnyEvent
+from app.domain.replica_listing import WHOLE_LIST, ReplicaPage
 from app.domain.state import ClusterState, Replica, ReplicaFilter
 
 NO_STREAM = 0
@@ -57,10 +58,12 @@ class LogQueries(Protocol):
         ...
 
     async def forgotten_replicas(
-        self, known: Collection[str], among: ReplicaFilter
+        self, known: Collection[str], among: ReplicaFilter, page: ReplicaPage = WHOLE_LIST
     ) -> list[Replica]:
         """Ended replicas ``among`` those asked for that ``known`` lacks: those the fold
-        forgot, as the projection keeps them (enough for a summary)."""
+        forgot, as the projection keeps them (enough for a summary), that ``page`` holds, in
+        listing order. The fold's own replicas may come before them in a page, so this
+        page of the forgotten ones may be cut further once merged with those."""
         ...
 
     async def stream_version(self, stream: str) -> int: ...

@@ -21,6 +21,7 @@ from app.clock import utc_now
 from app.domain.envelope import Envelope, Meta, Recorded
 from app.domain.events import subjects
 from app.domain.evolve import replay
+from app.domain.replica_listing import WHOLE_LIST, ReplicaPage
 from app.domain.state import ENDED_PHASES, ClusterState, Replica, ReplicaFilter
 from app.store.codec import decode_event, encode_event
 from app.store.errors import AlreadyRecorded, ConcurrencyError, LogMovedOn
@@ -124,18 +125,18 @@ class InMemoryRecorder:
         return [r for r in decoded if subjects(r.event).replica == replica_id]
 
     async def forgotten_replicas(
-        self, known: Collection[str], among: ReplicaFilter
+        self, known: Collection[str], among: ReplicaFilter, page: ReplicaPage = WHOLE_LIST
     ) -> list[Replica]:
         # No tables here: a replay that keeps what it forgets (tests and tools only).
         state = ClusterState()
         state.forgotten = []
         replay((_decode(s) for s in self.log), state)
         last = {r.id: r for r in state.forgotten}
-        return [
+        return page.of(
             r
             for r in last.values()
             if r.id not in known and r.phase in ENDED_PHASES and among.matches(r)
-        ]
+        )
 
     async def stream_version(self, stream: str) -> int:
         return self._versions.get(stream, 0)

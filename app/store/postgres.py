@@ -43,6 +43,7 @@ from app.clock import utc_now
 from app.clock_offset import APPEND_CLOCK_SLACK_S
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import subjects
+from app.domain.replica_listing import WHOLE_LIST, ReplicaPage
 from app.domain.state import Replica, ReplicaFilter
 from app.store import history, replica_rows
 from app.store.codec import RECORDED_COLUMNS, encode_event, encode_meta, record_from_row
@@ -139,9 +140,9 @@ class PostgresRecorder:
         return await replica_rows.read_about_replica(self._engine, replica_id)
 
     async def forgotten_replicas(
-        self, known: Collection[str], among: ReplicaFilter
+        self, known: Collection[str], among: ReplicaFilter, page: ReplicaPage = WHOLE_LIST
     ) -> list[Replica]:
-        return await replica_rows.read_forgotten_replicas(self._engine, known, among)
+        return await replica_rows.read_forgotten_replicas(self._engine, known, among, page)
 
     async def stream_version(self, stream: str) -> int:
         async with connection(self._engine) as db:

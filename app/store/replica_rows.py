@@ -16,48 +16,82 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.envelope import Recorded
 from app.domain.model_spec import RoutingSettings
+from app.domain.replica_listing import ReplicaPage
 from app.domain.state import ENDED_PHASES, Replica, ReplicaFilter, ReplicaPhase, Shard, ShardPhase
 from app.store.codec import RECORDED_COLUMNS, record_from_row
 from app.store.database import connection
 
-_ENDED_ROWS = """
+_PAGE_ORDER = 'r.model COLLATE "C", r.number, r.id COLLATE "C"'
+"""The list's order, byte by byte as Python compares the fold's replicas, whatever the
+database's collation, so that a page of both sorts as one list."""
+
+_ENDED_ROWS = f"""
+WITH page AS (
+    SELECT r.* FROM replicas r WHERE {{where}} ORDER BY {_PAGE_ORDER} {{limit}}
+)
 SELECT r.id, r.model, r.number, r.phase, r.routable, r.placed_at, r.reason, r.replaces,
        r.starting_since, r.serving_since, r.drain_id, r.drain_started_at, r.replacement_id,
        r.ended_at, r.end_reason, r.weight, r.target_waiting, r.kv_ceiling, r.revision,
        s.shard_index, s.node_id, s.gpus, s.port, s.phase AS shard_phase, s.pid, s.came_up,
        s.error, s.exit_code, s.log_tail
-FROM replicas r JOIN shards s ON s.replica_id = r.id
-WHERE r.phase = ANY($1::text[]) AND ($2::text IS NULL OR r.model = $2)
-  AND ($3::text IS NULL OR EXISTS (
-        SELECT 1 FROM shards o WHERE o.replica_id = r.id AND o.node_id = $3))
-ORDER BY r.id, s.shard_index
+FROM page r JOIN shards s ON s.replica_id = r.id
+ORDER BY {_PAGE_ORDER}, s.shard_index
 """
+"""The page's replicas (``where``, ``limit``: see ``_ended_rows``), then their shards."""
 
 _ABOUT_REPLICA = f"SELECT {RECORDED_COLUMNS} FROM events WHERE replica_id = $1 ORDER BY position"
 
 
 async def read_forgotten_replicas(
-    engine: AsyncEngine, known: Collection[str], among: ReplicaFilter
+    engine: AsyncEngine, known: Collection[str], among: ReplicaFilter, page: ReplicaPage
 ) -> list[Replica]:
     """``LogQueries.forgotten_replicas`` from the tables' rows: the fields they do not keep
     (``stopping_since``, ``agent_stopped_at``, a shard's ``epoch`` and ``stop_reason``) are
-    left at their defaults, which a summary does not show."""
+    left at their defaults, which a summary does not show. Only the page's replicas are
+    read: the tables keep every replica that ever ended."""
     phases = [p.value for p in ENDED_PHASES if among.phase is None or p is among.phase]
-    if not phases:  # an active phase: the fold holds every such replica
+    if not phases or not among.ended:  # the fold holds every replica not ended
         return []
     if "\x00" in (among.model or "") + (among.node_id or ""):
         return []  # PostgreSQL text cannot hold it: no stored id has one
     async with connection(engine) as db:
-        rows = await db.fetch(_ENDED_ROWS, phases, among.model, among.node_id)
+        query, args = _ended_rows(phases, known, among, page)
+        rows = await db.fetch(query, *args)
     replicas: dict[str, Replica] = {}
     shards: dict[str, list[Shard]] = {}
     for row in rows:
-        if row["id"] in known:
-            continue
         shards.setdefault(row["id"], []).append(_shard(row))
         if row["id"] not in replicas:
             replicas[row["id"]] = _replica(row)
     return [replace(r, shards=tuple(shards[r.id])) for r in replicas.values()]
+
+
+def _ended_rows(
+    phases: list[str], known: Collection[str], among: ReplicaFilter, page: ReplicaPage
+) -> tuple[str, list[object]]:
+    """The query of the page's replicas in ``phases`` that ``known`` (every replica the
+    fold holds, whatever its phase: the tables may be ahead of the fold, with a replica it
+    holds as active ended there) lacks, and its arguments. Only the conditions the filter
+    and the page set are written: one that may be switched off (``$3 IS NULL OR ...``)
+    hides an index from the planner, as a node's from its shards."""
+    args: list[object] = [phases, list(known)]
+    where = ["r.phase = ANY($1::text[])", "r.id <> ALL($2::text[])"]
+
+    def arg(value: object) -> str:
+        args.append(value)
+        return f"${len(args)}"
+
+    if among.model is not None:
+        where.append(f"r.model = {arg(among.model)}::text")
+    if among.node_id is not None:
+        node = arg(among.node_id)
+        where.append(f"r.id IN (SELECT replica_id FROM shards WHERE node_id = {node}::text)")
+    if page.after is not None:
+        model, number, replica_id = page.after
+        start = f"{arg(model)}::text, {arg(number)}::int, {arg(replica_id)}::text"
+        where.append(f"({_PAGE_ORDER}) > ({start})")
+    limit = "" if page.limit is None else f"LIMIT {arg(page.limit)}::bigint"
+    return _ENDED_ROWS.format(where=" AND ".join(where), limit=limit), args
 
 
 async def read_about_replica(engine: AsyncEngine, replica_id: str) -> list[Recorded]:

@@ -265,7 +265,8 @@ async def test_a_query_parameter_the_request_does_not_take_is_a_400_naming_it(
 
     problem = problem_of(misspelt, 400)
     assert problem["detail"] == (
-        "modle: not a query parameter of /admin/v1/replicas (it takes model, node, phase)"
+        "modle: not a query parameter of /admin/v1/replicas (it takes after, ended, limit, "
+        "model, node, phase)"
     )
     assert problem["errors"] == [
         {"key": "modle", "message": "is not a query parameter of this request", "source": "query"}

@@ -26,6 +26,7 @@ from app.domain.events import (
 from app.domain.evolve import replay
 from app.domain.model_spec import ModelSpec
 from app.domain.operation_results import InvalidOperation
+from app.domain.replica_listing import UnknownPageStart
 from app.domain.state import ENDED_KEPT_PER_MODEL, ClusterState, Replica, ReplicaPhase
 from app.services.operations import Caller, Operations
 from app.store.interface import AppendRequest, NewEvent
@@ -228,6 +229,21 @@ async def test_a_forgotten_replica_reads_as_it_did_before_it_was_forgotten() -> 
     ]
     status = await operations.model("llama")
     assert status.phases == {"stopped": K + 1}
+
+
+async def test_pages_of_replicas_list_the_forgotten_ones_once_in_order_in_memory_too() -> None:
+    store, _ = await forgotten_in_memory()
+    operations = Operations(store, clock=lambda: T0)
+    whole = await operations.replicas()
+
+    for limit in (1, 2, K + 1):
+        paged: list[Replica] = []
+        while page := await operations.replicas(after=paged[-1].id if paged else None, limit=limit):
+            paged += page
+        assert paged == whole
+    assert await operations.replicas(ended=False) == []
+    with pytest.raises(UnknownPageStart, match="no replica \\(by id\\) to list the replicas"):
+        await operations.replicas(after="llama-999")
 
 
 async def test_a_forgotten_replica_is_refused_with_the_words_it_was_refused_with_before() -> None:
