@@ -1,4 +1,4 @@
-"""`llmgw-cli replicas [--model M] [--node N]` and `replica <id>`."""
+"""`llmgw-cli replicas [--model M] [--node N] [--phase P] [--all]` and `replica <id>`."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ from typing import Annotated, Literal
 
 from cyclopts import Parameter
 
+from cli import replica_pages
 from cli.arguments import filled, segment
 from cli.client import AdminClient
 from cli.config import ConnectionFlags
 from cli.operator import (
     ADMIN,
     Output,
-    get_replicas,
     print_facts,
     run_command,
     show_one,
@@ -21,11 +21,13 @@ from cli.render import (
     EXIT_OK,
     Column,
     make_console,
-    print_json,
+    print_json_array,
     print_table,
     text,
     utc_seconds,
+    warn,
 )
+from cli.replica_pages import ENDED_PHASES
 from cli.traffic import print_traffic
 from cli.views import ReplicaSummary, ReplicaView
 
@@ -50,33 +52,60 @@ def list_replicas(
     node: Annotated[
         str | None, Parameter(converter=filled, help="Only replicas with a shard on this node.")
     ] = None,
-    phase: Annotated[Phase | None, Parameter(help="Only replicas in this phase.")] = None,
+    phase: Annotated[
+        Phase | None,
+        Parameter(help="Only replicas in this phase (an ended one lists ended replicas)."),
+    ] = None,
+    all_replicas: Annotated[
+        bool,
+        Parameter(
+            name="--all",
+            negative=(),
+            help="Ended replicas too (stopped, failed, timed_out, lost): the log keeps every one.",
+        ),
+    ] = False,
     output: Output = "table",
     connection: ConnectionFlags | None = None,
 ) -> int:
-    """Replicas with their phase, nodes (with any GPU of theirs whose UUID another node
-    holds: gpu-09 (GPU 0 held elsewhere)), whether they are routed to (and how many live
-    gateways eject them for failing requests: yes (ejected by 2 of 3 gateways)), and the
-    drain moving them if one is. A --model or --node the cluster does not know is an error
-    (exit 1); a known model or node without replicas lists nothing.
+    """The replicas that exist (not ended; --all: every replica the log knows, ended ones
+    too), by model and number, with their phase, nodes (with any GPU of theirs whose UUID
+    another node holds: gpu-09 (GPU 0 held elsewhere)), whether they are routed to (and how
+    many live gateways eject them for failing requests: yes (ejected by 2 of 3 gateways)),
+    and the drain moving them if one is. A --phase of an ended phase (stopped, failed,
+    timed_out, lost) lists those ended replicas. A --model or --node the cluster does not
+    know is an error (exit 1); a known model or node without replicas lists nothing. The
+    replicas are read from the admin API 500 at a time, page after page (a page repeating
+    a replica listed already fails the command), and printed as one list (--output json:
+    one JSON array).
 
     ```
     llmgw-cli replicas --model llama-3-8b
     llmgw-cli replicas --node gpu-08 --phase serving
+    llmgw-cli replicas --all --model llama-3-8b
+    llmgw-cli replicas --phase failed --output json | jq -r '.[].id'
     ```
     """
+    ended = all_replicas or phase in ENDED_PHASES
+    filters = {"model": model, "node": node, "phase": phase}
+    given = {name: value for name, value in filters.items() if value is not None}
 
     def show(client: AdminClient) -> int:
-        reply = get_replicas(client, model=model, node=node, phase=phase)
-        if not reply.value:
+        listed = replica_pages.list_replicas(client, given, ended=ended)
+        if not listed:
             _require_known_names(client, model, node)
         if output == "json":
-            print_json(reply.raw)
+            print_json_array(replica.raw for replica in listed)
             return EXIT_OK
-        print_table(REPLICA_COLUMNS, (replica_row(r) for r in reply.value), wide=output == "wide")
+        rows = (replica_row(replica.view) for replica in listed)
+        print_table(REPLICA_COLUMNS, rows, wide=output == "wide")
+        if not ended:
+            warn(ENDED_NOT_SHOWN)
         return EXIT_OK
 
     return run_command("replicas", connection, show)
+
+
+ENDED_NOT_SHOWN = "(ended replicas not shown: --all lists them too)"
 
 
 def _require_known_names(client: AdminClient, model: str | None, node: str | None) -> None:
