@@ -154,3 +154,20 @@ async def test_a_page_size_or_start_of_the_wrong_shape_is_refused_saying_why(
 
         assert problem["detail"] == said, query
         assert [e["key"] for e in problem["errors"]] == [said.split(":")[0]], query
+
+
+async def test_the_schema_says_how_the_list_is_paged_and_filtered(
+    admin: httpx.AsyncClient,
+) -> None:
+    schema = (await admin.get("/admin/v1/schema/openapi.json")).json()
+    listing = schema["paths"]["/admin/v1/replicas"]["get"]
+    parameters = {p["name"]: p for p in listing["parameters"]}
+
+    assert {"ended", "after", "limit"} <= set(parameters)
+    assert "ended phase" in parameters["ended"]["description"]
+    ended = parameters["ended"]["schema"]
+    assert (ended["type"], ended["default"]) == ("boolean", True)
+    limit, after = parameters["limit"]["schema"], parameters["after"]["schema"]
+    assert (limit["minimum"], limit["maximum"]) == (1, 5000)
+    assert (after["minLength"], after["maxLength"]) == (1, 128)
+    assert "unknown-replica" in listing["responses"]["404"]["description"]
