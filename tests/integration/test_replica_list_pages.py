@@ -7,7 +7,6 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import pytest_asyncio
@@ -16,6 +15,7 @@ from app.domain.state import ENDED_KEPT_PER_MODEL
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import bearer_client, problem_of, seed_node, serving_admin
 from tests.support.replica_history import declared, ended, record_at_once, serving
+from tests.support.replica_pages import ids, listed, paged
 
 TOKEN = secrets.token_hex(16)
 K = ENDED_KEPT_PER_MODEL
@@ -60,29 +60,6 @@ async def fleet(pg_store: PostgresEventStore) -> Fleet:
     forgotten = [r for r in every if r not in pg_store.state.replicas]
     assert len(forgotten) == K + 3 + 2
     return Fleet(active=active, every=every, forgotten=forgotten)
-
-
-async def listed(admin: httpx.AsyncClient, query: str) -> list[dict[str, Any]]:
-    answer = await admin.get(f"/admin/v1/replicas?{query}")
-    assert answer.status_code == 200, answer.text
-    replicas: list[dict[str, Any]] = answer.json()
-    return replicas
-
-
-def ids(replicas: list[dict[str, Any]]) -> list[str]:
-    return [r["id"] for r in replicas]
-
-
-async def paged(admin: httpx.AsyncClient, query: str, limit: int) -> list[dict[str, Any]]:
-    """Every page of ``query``, ``limit`` at a time, each after the last one's last replica."""
-    found: list[dict[str, Any]] = []
-    while True:
-        after = f"&after={found[-1]['id']}" if found else ""
-        page = await listed(admin, f"{query}limit={limit}{after}")
-        assert len(page) <= limit
-        found += page
-        if len(page) < limit:
-            return found
 
 
 async def test_without_ended_replicas_only_those_that_exist_are_listed(
