@@ -176,7 +176,7 @@ class ModelController(GuardedController):
         name: FromPath[str],
     ) -> ModelView:
         view = model_view(await operations.model(name))
-        groups = traffic_by_revision(await operations.replicas(name))
+        groups = traffic_by_revision(await operations.replicas(name, ended=False))
         figures = await traffic.traffic_of_groups(groups) if groups else {}
         scaled = await read_last_scaled(store.engine, model_stream(name), AUTOSCALER)
         return msgspec.structs.replace(
