@@ -144,6 +144,8 @@ replicas = Table(
     Column("target_waiting", Integer),
     Column("kv_ceiling", Float),
     Column("revision", Integer, nullable=False, server_default="1"),
+    # The routes are the routable replicas, a few among every replica that ever ran (0018).
+    Index("ix_replicas_routable", "model", "id", postgresql_where=text("routable")),
 )
 
 shards = Table(

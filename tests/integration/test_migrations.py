@@ -201,3 +201,36 @@ async def test_key_expiry_comes_to_keys_projected_before_it_as_never_and_goes_ag
         assert "expires_at" in await _columns(url, "api_keys")
     finally:
         await postgres_server.drop_database(name)
+
+
+async def _index_definition(url: str, name: str) -> str | None:
+    conn = await asyncpg.connect(url)
+    try:
+        definition: str | None = await conn.fetchval(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = $1", name
+        )
+    finally:
+        await conn.close()
+    return definition
+
+
+async def test_the_routable_replicas_index_comes_and_goes(postgres_server: PostgresServer) -> None:
+    """Migration 0018: the routable replicas have an index of their own, so that a read of
+    every route does not pass over every replica that ever ran; going down drops it."""
+    name = unique_database_name("llmgw_migrations")
+    await postgres_server.create_database(name)
+    url = postgres_server.url(name)
+    try:
+        await asyncio.to_thread(migrate.upgrade, url)
+        assert await _index_definition(url, "ix_replicas_routable") == (
+            "CREATE INDEX ix_replicas_routable ON public.replicas "
+            "USING btree (model, id) WHERE routable"
+        )
+
+        await asyncio.to_thread(migrate.downgrade, url, "0017")
+        assert await _index_definition(url, "ix_replicas_routable") is None
+
+        await asyncio.to_thread(migrate.upgrade, url)
+        assert await _index_definition(url, "ix_replicas_routable") is not None
+    finally:
+        await postgres_server.drop_database(name)
