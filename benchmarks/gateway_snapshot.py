@@ -54,7 +54,6 @@ from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.domain.model_spec import MAX_COLD_START_S
 from app.gateway.egress import EngineEgress
 from app.gateway.held_routes import HeldRoutes
 from app.gateway.metrics import GatewayMetrics
@@ -69,12 +68,7 @@ from app.gateway.source import (
 )
 from app.gateway.table import GatewaySnapshot
 from app.store.postgres import CHECKPOINT, NOTIFY_CHANNEL
-from app.store.routing_rows import (
-    _READ_ROWS,
-    EXPIRED_KEYS_KEPT,
-    MAX_EVENTS_READ_AS_CHANGES,
-    read_routing_rows,
-)
+from app.store.routing_rows import read_routing_rows, routing_statement, statement_arguments
 from benchmarks.common import (
     BenchServer,
     Machine,
@@ -238,20 +232,18 @@ async def seed(db: asyncpg.Connection, live: int, ended: int, nodes: int) -> Non
 # -- measuring -----------------------------------------------------------------------------
 
 
-def _statement_arguments(since: int) -> tuple[object, ...]:
-    return CHECKPOINT, MAX_COLD_START_S, EXPIRED_KEYS_KEPT, since, MAX_EVENTS_READ_AS_CHANGES
-
-
-async def answer_bytes(db: asyncpg.Connection, since: int) -> tuple[int, int]:
+async def answer_bytes(db: asyncpg.Connection, since: int | None) -> tuple[int, int]:
     """The bytes of the statement's JSON columns, all of them and the routes alone."""
-    row = await db.fetchrow(_READ_ROWS, *_statement_arguments(since))
+    statement = await routing_statement(db, since=since, within_s=STATEMENT_TIMEOUT_S)
+    row = await db.fetchrow(statement, *statement_arguments(since))
     assert row is not None
     sizes = {name: len(str(row[name]).encode()) for name in JSON_COLUMNS}
     return sum(sizes.values()), sizes["routes"]
 
 
-async def plan(db: asyncpg.Connection, since: int) -> list[str]:
-    rows = await db.fetch("EXPLAIN (ANALYZE, BUFFERS) " + _READ_ROWS, *_statement_arguments(since))
+async def plan(db: asyncpg.Connection, since: int | None) -> list[str]:
+    statement = await routing_statement(db, since=since, within_s=STATEMENT_TIMEOUT_S)
+    rows = await db.fetch("EXPLAIN (ANALYZE, BUFFERS) " + statement, *statement_arguments(since))
     return [str(r[0]) for r in rows]
 
 
@@ -392,12 +384,12 @@ async def measure(
             seed_s = round(time.perf_counter() - started, 1)
             statement_ms, take_ms, routes = await time_reads(gateway, arguments.repeat)
             _, again_take_ms, _ = await time_reads(gateway, arguments.repeat, again=True)
-            total, routes_bytes = await answer_bytes(gateway, -1)
+            total, routes_bytes = await answer_bytes(gateway, None)
             await change(owner)
             since = int(await owner.fetchval(_POSITION, CHECKPOINT)) - 1
             changes_ms, changes_take_ms, _ = await time_reads(gateway, arguments.repeat, since)
             changes_bytes, _ = await answer_bytes(gateway, since)
-            plan_lines = await plan(owner, -1) if explain else []
+            plan_lines = await plan(owner, None) if explain else []
             changes_plan = await plan(owner, since) if explain else []
             statement_median, changes_median = median(statement_ms), median(changes_ms)
             churns = [
@@ -551,7 +543,9 @@ def rates(text: str) -> list[float]:
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=counts, default=counts("1000,5000,20000"))
-    parser.add_argument("--ended-per-live", type=int, default=2, choices=range(0, 11))
+    parser.add_argument(
+        "--ended-per-live", type=int, default=2, choices=range(0, 101), metavar="0-100"
+    )
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--rates", type=rates, default=rates("10,100"), help="'': no churn")
     parser.add_argument("--churn-s", type=float, default=10.0)

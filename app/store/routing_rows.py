@@ -24,6 +24,12 @@ through the primary keys and the ``shards.node_id`` and ``replicas.model`` index
 which it read (``RouteChanges``); the rest of the answer is read whole, as it is small.
 Appends are serialised and move the checkpoint in their transaction, so the events up to
 the checkpoint this statement sees are exactly those its rows reflect.
+
+The projection keeps the rows of every replica that ever ran, so a read of every route
+must not pass over the ended ones: it finds the routable replicas through their partial
+index (0018) and, once the shards are many per routable replica, looks each one's first
+shard up by the shards' primary key rather than scanning every shard
+(``SHARDS_PER_ROUTE_SCANNED``), so that it costs the live fleet, not the history.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from app.domain.model_spec import MAX_COLD_START_S
 from app.domain.revisions import FIRST_REVISION
 from app.store.postgres import CHECKPOINT
 
-_READ_ROWS = """
+_READ_ROWS_OF = """
 WITH checkpoint AS MATERIALIZED (
   SELECT coalesce((SELECT position FROM projection_checkpoints WHERE name = $1), 0) AS position),
 changes AS MATERIALIZED (
@@ -55,19 +61,17 @@ touched AS MATERIALIZED (
          ARRAY(SELECT DISTINCT model FROM changes WHERE model IS NOT NULL) AS models),
 affected AS MATERIALIZED (
   -- An array, not a subquery: the planner then looks each up by primary key, where for a
-  -- subquery it guessed a thousand rows and scanned every replica.
+  -- subquery it guessed a thousand rows and scanned every replica. The models' array too,
+  -- looked up in the routable replicas' index (0018): joined with touched, an empty one
+  -- read every routable replica.
   SELECT ARRAY(
     SELECT unnest(replicas) FROM touched
     UNION SELECT s.replica_id FROM shards s, touched
           WHERE s.node_id = ANY(touched.nodes) AND s.shard_index = 0
-    UNION SELECT r.id FROM replicas r, touched
-          WHERE r.model = ANY(touched.models) AND r.routable) AS ids),
+    UNION SELECT r.id FROM replicas r
+          WHERE r.model = ANY((SELECT models FROM touched)::text[]) AND r.routable) AS ids),
 routes AS (
-  SELECT t.replica_id, t.model, t.address, t.port, t.weight, t.target_waiting,
-         t.kv_ceiling, t.draining, t.revision,
-         coalesce(n.remote_address, '') AS agent_address
-  FROM routing_table t LEFT JOIN nodes n ON n.id = t.node_id
-  WHERE (SELECT whole FROM whole)
+--every route--
   UNION ALL
   SELECT t.replica_id, t.model, t.address, t.port, t.weight, t.target_waiting,
          t.kv_ceiling, t.draining, t.revision,
@@ -123,6 +127,49 @@ SELECT
      WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now() - $3::interval)) k)
     AS keys
 """
+"""The statement, but for how it reads every route (``--every route--``): one of the two
+below. Both read ``routing_table``'s rows; the caller picks by the planner's statistics
+(``_FIRST_SHARDS_LOOKED_UP``) and each statement plans only its own way, so neither
+way's estimate adds to the other's (past ``jit_above_cost``, 100,000 by default,
+PostgreSQL compiles the statement first, for about 90 ms)."""
+
+_EVERY_ROUTE_SCANNING_SHARDS = """
+  SELECT t.replica_id, t.model, t.address, t.port, t.weight, t.target_waiting,
+         t.kv_ceiling, t.draining, t.revision,
+         coalesce(n.remote_address, '') AS agent_address
+  FROM routing_table t LEFT JOIN nodes n ON n.id = t.node_id
+  WHERE (SELECT whole FROM whole)"""
+
+_EVERY_ROUTE_LOOKING_UP_SHARDS = """
+  -- routing_table's rows, each replica's first shard looked up by the shards' primary key.
+  -- ANY(ARRAY[r.id]), not r.id: the planner may not hash or merge this join, where for an
+  -- equality it scans every shard (it costs each lookup as if from disk).
+  SELECT r.id AS replica_id, r.model, n.address, s.port,
+         coalesce(r.weight, m.weight) AS weight,
+         coalesce(r.target_waiting, m.target_waiting) AS target_waiting,
+         coalesce(r.kv_ceiling, m.kv_ceiling) AS kv_ceiling,
+         r.phase = 'draining' AS draining, r.revision,
+         coalesce(n.remote_address, '') AS agent_address
+  FROM replicas r
+  JOIN models m ON m.name = r.model
+  JOIN shards s ON s.replica_id = ANY(ARRAY[r.id]) AND s.shard_index = 0
+  JOIN nodes n ON n.id = s.node_id
+  WHERE r.routable AND (SELECT whole FROM whole)"""
+
+_READ_ROWS = _READ_ROWS_OF.replace("--every route--", _EVERY_ROUTE_SCANNING_SHARDS.strip("\n"))
+_READ_ROWS_LOOKING_UP_SHARDS = _READ_ROWS_OF.replace(
+    "--every route--", _EVERY_ROUTE_LOOKING_UP_SHARDS.strip("\n")
+)
+
+_FIRST_SHARDS_LOOKED_UP = """
+SELECT coalesce((SELECT reltuples FROM pg_class WHERE oid = 'shards'::regclass)
+                > $1::float8 * (SELECT reltuples FROM pg_class
+                                WHERE oid = to_regclass('ix_replicas_routable')),
+                false)
+"""
+"""Whether the shards are more than ``$1`` per routable replica, by the planner's
+statistics (the shards and the entries of the routable replicas' index, 0018, as of the
+last VACUUM or ANALYZE): false where they are unknown (never analysed, or no index)."""
 
 EXPIRED_KEYS_KEPT = timedelta(days=30)
 """How long after it expired a key is still read: the gateway checks expiry itself, on each
@@ -263,24 +310,73 @@ MAX_EVENTS_READ_AS_CHANGES = 1_000
 """A read since a position further back than this many events reads every route instead:
 past that, looking up what so many events name costs about as much as reading them all."""
 
+SHARDS_PER_ROUTE_SCANNED = 10.0
+"""A read of every route scans every shard and hashes the routable replicas' first ones
+out, unless the shards are more than this many per routable replica: then it looks each
+routable replica's first shard up by the shards' primary key instead. The projection keeps
+the shards of every replica that ever ran, so the scan costs the history and the lookups
+the live fleet; at 20,000 routable replicas the two cost the same at about 10 shards each
+(docs/performance.md, "A read of every route and the projection's history")."""
 
-async def read_routing_rows(
-    db: asyncpg.Connection, *, within_s: float, since: int | None = None
-) -> RoutingRows:
-    """The rows a gateway routes by. ``since``: the position of the routes the caller holds;
-    the routes read are then only those that may have changed after it (``changed`` says
-    which), unless the projection is behind it (rebuilt) or more than
-    ``MAX_EVENTS_READ_AS_CHANGES`` events came since, when every route is read, as without
-    ``since``."""
-    row = await db.fetchrow(
-        _READ_ROWS,
+
+def statement_arguments(since: int | None) -> tuple[object, ...]:
+    """The arguments of the statement, for a read since ``since`` (``None``: of every
+    route)."""
+    return (
         CHECKPOINT,
         MAX_COLD_START_S,
         EXPIRED_KEYS_KEPT,
         -1 if since is None else since,
         MAX_EVENTS_READ_AS_CHANGES,
-        timeout=within_s,
     )
+
+
+async def routing_statement(
+    db: asyncpg.Connection,
+    *,
+    since: int | None,
+    within_s: float,
+    first_shards_looked_up: bool | None = None,
+) -> str:
+    """The statement of a read since ``since``: for a read of every route, the one that
+    looks the routable replicas' first shards up if the shards are more than
+    ``SHARDS_PER_ROUTE_SCANNED`` per routable replica (one more round trip, every 30 s),
+    unless ``first_shards_looked_up`` says which. A read of changes that turns into a read
+    of every route (``MAX_EVENTS_READ_AS_CHANGES``, a rebuilt projection) scans them."""
+    if first_shards_looked_up is None:
+        first_shards_looked_up = since is None and await shards_many_per_route(
+            db, within_s=within_s
+        )
+    return _READ_ROWS_LOOKING_UP_SHARDS if first_shards_looked_up else _READ_ROWS
+
+
+async def shards_many_per_route(db: asyncpg.Connection, *, within_s: float) -> bool:
+    """Whether the shards are more than ``SHARDS_PER_ROUTE_SCANNED`` per routable replica,
+    by the planner's statistics: a read of every route then looks the routable replicas'
+    first shards up rather than scanning every shard."""
+    return bool(
+        await db.fetchval(_FIRST_SHARDS_LOOKED_UP, SHARDS_PER_ROUTE_SCANNED, timeout=within_s)
+    )
+
+
+async def read_routing_rows(
+    db: asyncpg.Connection,
+    *,
+    within_s: float,
+    since: int | None = None,
+    first_shards_looked_up: bool | None = None,
+) -> RoutingRows:
+    """The rows a gateway routes by. ``since``: the position of the routes the caller holds;
+    the routes read are then only those that may have changed after it (``changed`` says
+    which), unless the projection is behind it (rebuilt) or more than
+    ``MAX_EVENTS_READ_AS_CHANGES`` events came since, when every route is read, as without
+    ``since``. ``first_shards_looked_up``: how a read of every route finds the replicas'
+    first shards, looked up or by a scan of every shard (``routing_statement``); both read
+    the same routes, at different costs."""
+    statement = await routing_statement(
+        db, since=since, within_s=within_s, first_shards_looked_up=first_shards_looked_up
+    )
+    row = await db.fetchrow(statement, *statement_arguments(since), timeout=within_s)
     assert row is not None  # a SELECT without FROM returns one row
     return RoutingRows(
         position=int(row["position"] or 0),

@@ -1,5 +1,6 @@
 """A gateway that reads only the routes changed since its position holds, after any history,
-what a read of every route finds (``app.gateway.held_routes``, ``app.store.routing_rows``)."""
+what a read of every route finds (``app.gateway.held_routes``, ``app.store.routing_rows``),
+whether that read scans the shards or looks the routable replicas' first shards up."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from app.gateway.snapshot import read_routing
 from app.store.database import create_engine, driver_url
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
-from app.store.routing_rows import MAX_EVENTS_READ_AS_CHANGES
+from app.store.routing_rows import MAX_EVENTS_READ_AS_CHANGES, read_routing_rows
 from tests.support.generators import MODELS, NODES, REPLICAS, events, histories, stream_for
 from tests.support.route_rows import route_row
 
@@ -141,6 +142,9 @@ async def _append_and_compare(url: str, batches: list[list[AnyEvent]]) -> list[i
             whole_snapshot, whole = await read_routing(db, within_s=5.0)
             assert held == whole
             assert snapshot.routes == whole_snapshot.routes
+            # Every route read again, the first shards looked up instead of scanned for.
+            looked_up = await read_routing_rows(db, within_s=5.0, first_shards_looked_up=True)
+            assert {r.replica_id: r for r in looked_up.routes} == dict(whole.rows)
             routes_held.append(len(held.rows))
     finally:
         await db.close()
