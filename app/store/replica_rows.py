@@ -37,7 +37,7 @@ SELECT r.id, r.model, r.number, r.phase, r.routable, r.placed_at, r.reason, r.re
 FROM page r JOIN shards s ON s.replica_id = r.id
 ORDER BY {_PAGE_ORDER}, s.shard_index
 """
-"""The page's replicas (``where``, ``limit``: see ``_ended_rows``), then their shards."""
+"""The page's replicas (``where``, ``limit``: see ``ended_rows_statement``), then their shards."""
 
 _ABOUT_REPLICA = f"SELECT {RECORDED_COLUMNS} FROM events WHERE replica_id = $1 ORDER BY position"
 
@@ -55,7 +55,7 @@ async def read_forgotten_replicas(
     if "\x00" in (among.model or "") + (among.node_id or ""):
         return []  # PostgreSQL text cannot hold it: no stored id has one
     async with connection(engine) as db:
-        query, args = _ended_rows(phases, known, among, page)
+        query, args = ended_rows_statement(phases, known, among, page)
         rows = await db.fetch(query, *args)
     replicas: dict[str, Replica] = {}
     shards: dict[str, list[Shard]] = {}
@@ -66,7 +66,7 @@ async def read_forgotten_replicas(
     return [replace(r, shards=tuple(shards[r.id])) for r in replicas.values()]
 
 
-def _ended_rows(
+def ended_rows_statement(
     phases: list[str], known: Collection[str], among: ReplicaFilter, page: ReplicaPage
 ) -> tuple[str, list[object]]:
     """The query of the page's replicas in ``phases`` that ``known`` (every replica the
@@ -82,7 +82,9 @@ def _ended_rows(
         return f"${len(args)}"
 
     if among.model is not None:
-        where.append(f"r.model = {arg(among.model)}::text")
+        # Byte by byte, as the list's index holds the model (0019): equality is the same
+        # under every deterministic collation, and so the page is read off that index.
+        where.append(f'r.model COLLATE "C" = {arg(among.model)}::text')
     if among.node_id is not None:
         node = arg(among.node_id)
         where.append(f"r.id IN (SELECT replica_id FROM shards WHERE node_id = {node}::text)")

@@ -146,6 +146,13 @@ replicas = Table(
     Column("revision", Integer, nullable=False, server_default="1"),
     # The routes are the routable replicas, a few among every replica that ever ran (0018).
     Index("ix_replicas_routable", "model", "id", postgresql_where=text("routable")),
+    # The replica list's order, byte by byte, so that a page of it costs a page (0019).
+    Index(
+        "ix_replicas_listing",
+        text('model COLLATE "C"'),
+        "number",
+        text('id COLLATE "C"'),
+    ),
 )
 
 shards = Table(

@@ -234,3 +234,22 @@ async def test_the_routable_replicas_index_comes_and_goes(postgres_server: Postg
         assert await _index_definition(url, "ix_replicas_routable") is not None
     finally:
         await postgres_server.drop_database(name)
+
+
+async def test_the_replica_lists_index_comes_and_goes(postgres_server: PostgresServer) -> None:
+    """Migration 0019: the replicas in the list's order, byte by byte, so that a page of the
+    list is read off the index; going down drops it."""
+    name = unique_database_name("llmgw_migrations")
+    await postgres_server.create_database(name)
+    url = postgres_server.url(name)
+    try:
+        await asyncio.to_thread(migrate.upgrade, url)
+        assert await _index_definition(url, "ix_replicas_listing") == (
+            "CREATE INDEX ix_replicas_listing ON public.replicas "
+            'USING btree (model COLLATE "C", number, id COLLATE "C")'
+        )
+
+        await asyncio.to_thread(migrate.downgrade, url, "0018")
+        assert await _index_definition(url, "ix_replicas_listing") is None
+    finally:
+        await postgres_server.drop_database(name)
