@@ -17,9 +17,9 @@ from datetime import datetime
 import msgspec
 
 from cli.arguments import segment
-from cli.client import AdminClient, ApiProblem, ClientError, RepeatingListing, decode
+from cli.client import AdminClient, ApiProblem, ClientError, decode
 from cli.operator import Reply
-from cli.paging import Listed, check_page_count, listed_items
+from cli.paging import Listed, check_no_repeats, check_page_count, listed_items
 
 KEYS_PAGE_SIZE = 500
 CARRIED_OUT_ALREADY = "carried-out-already"
@@ -159,12 +159,7 @@ def list_keys(client: AdminClient) -> list[ListedKey]:
             # answer of a whole page's length is followed by the same keys again (and any
             # created since): this answer is every key.
             return page
-        if (repeated := _first_repeated(page, seen)) is not None:
-            raise RepeatingListing(
-                f"the admin API at {client.settings.admin_url} sent a key list page that "
-                f"repeats key {repeated}, listed already: the listing cannot be trusted "
-                "to be whole; it is not the llmgw admin API, or it is broken"
-            )
+        check_no_repeats(client, page, seen, "key list", "key")
         keys += page
         if len(page) != KEYS_PAGE_SIZE:
             break
@@ -188,16 +183,6 @@ def revoke_key(client: AdminClient, prefix_or_name: str) -> Reply[KeyChange]:
 
 def _ids(keys: list[ListedKey]) -> list[str]:
     return [key.view.id for key in keys]
-
-
-def _first_repeated(page: list[ListedKey], seen: set[str]) -> str | None:
-    """The id of the first key of ``page`` that ``seen`` or ``page`` itself holds already,
-    None when there is none; ``seen`` takes the ids up to it."""
-    for key in page:
-        if key.view.id in seen:
-            return key.view.id
-        seen.add(key.view.id)
-    return None
 
 
 def repeated_models(scope: list[str]) -> list[str]:

@@ -1,16 +1,17 @@
-"""What one listing of the admin API (``keys list``, ``history``) reads: its items, each
-decoded and kept as sent (``Listed``), and the bound on how far it reads: past it, or on a
-cursor that stays put, the listing stops with an ``EndlessListing``."""
+"""What one listing of the admin API (``keys list``, ``replicas``, ``history``) reads: its
+items, each decoded and kept as sent (``Listed``), and the bounds on what it trusts: past
+``MAX_PAGES``, or on a cursor that stays put, the listing stops with an ``EndlessListing``;
+on a page that repeats an item it listed already, with a ``RepeatingListing``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import msgspec
 
-from cli.client import AdminClient, EndlessListing, decode
+from cli.client import AdminClient, EndlessListing, RepeatingListing, decode
 from cli.config import SETTING_ENV
 
 MAX_PAGES = 2_000
@@ -48,3 +49,31 @@ def listed_items(
     """Each of ``items`` (a page's array, split as sent) decoded once; an unreadable one is
     ``a {what}`` the client cannot read."""
     return [Listed(decode(decoder, raw, what), raw) for raw in items]
+
+
+class Identified(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+IdentifiedT = TypeVar("IdentifiedT", bound=Identified)
+
+
+def check_no_repeats(
+    client: AdminClient,
+    page: Sequence[Listed[IdentifiedT]],
+    seen: set[str],
+    what: str,
+    item: str,
+) -> None:
+    """A ``RepeatingListing`` when ``page`` of ``what`` (``key list``) holds an ``item``
+    (``key``) that ``seen`` or the page itself holds already: a listing paged by the last
+    item's id never sends one twice. ``seen`` takes the page's ids."""
+    for listed in page:
+        if listed.view.id in seen:
+            raise RepeatingListing(
+                f"the admin API at {client.settings.admin_url} sent a {what} page that "
+                f"repeats {item} {listed.view.id}, listed already: the listing cannot be "
+                "trusted to be whole; it is not the llmgw admin API, or it is broken"
+            )
+        seen.add(listed.view.id)

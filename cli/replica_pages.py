@@ -13,9 +13,9 @@ from collections.abc import Mapping
 
 import msgspec
 
-from cli.client import AdminClient, ApiProblem, RepeatingListing, decode
+from cli.client import AdminClient, ApiProblem, decode
 from cli.operator import ADMIN
-from cli.paging import Listed, check_page_count, listed_items
+from cli.paging import Listed, check_no_repeats, check_page_count, listed_items
 from cli.views import ReplicaSummary
 
 REPLICAS_PAGE_SIZE = 500
@@ -64,12 +64,7 @@ def _every_page(client: AdminClient, filters: Mapping[str, str]) -> list[ListedR
     for pages in itertools.count(1):
         check_page_count(client, pages, "replica list", REPLICAS_PAGE_SIZE, "replicas")
         page = _page(client, params)
-        if (repeated := _first_repeated(page, seen)) is not None:
-            raise RepeatingListing(
-                f"the admin API at {client.settings.admin_url} sent a replica list page that "
-                f"repeats replica {repeated}, listed already: the listing cannot be trusted "
-                "to be whole; it is not the llmgw admin API, or it is broken"
-            )
+        check_no_repeats(client, page, seen, "replica list", "replica")
         replicas += page
         if len(page) != REPLICAS_PAGE_SIZE:
             break
@@ -83,13 +78,3 @@ def _page(client: AdminClient, params: Mapping[str, str | int]) -> list[ListedRe
     raw = client.request("GET", f"{ADMIN}/replicas", params=params)
     replicas: list[msgspec.Raw] = decode(_raw_list_decoder, raw, "replica list")
     return listed_items(_replica_decoder, replicas, "replica list")
-
-
-def _first_repeated(page: list[ListedReplica], seen: set[str]) -> str | None:
-    """The id of the first replica of ``page`` that ``seen`` or ``page`` itself holds
-    already, None when there is none; ``seen`` takes the ids up to it."""
-    for replica in page:
-        if replica.view.id in seen:
-            return replica.view.id
-        seen.add(replica.view.id)
-    return None

@@ -214,42 +214,42 @@ async def _index_definition(url: str, name: str) -> str | None:
     return definition
 
 
-async def test_the_routable_replicas_index_comes_and_goes(postgres_server: PostgresServer) -> None:
-    """Migration 0018: the routable replicas have an index of their own, so that a read of
-    every route does not pass over every replica that ever ran; going down drops it."""
-    name = unique_database_name("llmgw_migrations")
-    await postgres_server.create_database(name)
-    url = postgres_server.url(name)
-    try:
-        await asyncio.to_thread(migrate.upgrade, url)
-        assert await _index_definition(url, "ix_replicas_routable") == (
+@pytest.mark.parametrize(
+    ("revision", "index", "definition"),
+    [
+        # The routable replicas, so that a read of every route does not pass over every
+        # replica that ever ran.
+        (
+            "0018",
+            "ix_replicas_routable",
             "CREATE INDEX ix_replicas_routable ON public.replicas "
-            "USING btree (model, id) WHERE routable"
-        )
-
-        await asyncio.to_thread(migrate.downgrade, url, "0017")
-        assert await _index_definition(url, "ix_replicas_routable") is None
-
-        await asyncio.to_thread(migrate.upgrade, url)
-        assert await _index_definition(url, "ix_replicas_routable") is not None
-    finally:
-        await postgres_server.drop_database(name)
-
-
-async def test_the_replica_lists_index_comes_and_goes(postgres_server: PostgresServer) -> None:
-    """Migration 0019: the replicas in the list's order, byte by byte, so that a page of the
-    list is read off the index; going down drops it."""
+            "USING btree (model, id) WHERE routable",
+        ),
+        # Every replica in the replica list's order, byte by byte, so that a page of the
+        # list is read off it.
+        (
+            "0019",
+            "ix_replicas_listing",
+            "CREATE INDEX ix_replicas_listing ON public.replicas "
+            'USING btree (model COLLATE "C", number, id COLLATE "C")',
+        ),
+    ],
+)
+async def test_an_index_of_the_projection_comes_and_goes_with_its_migration(
+    postgres_server: PostgresServer, revision: str, index: str, definition: str
+) -> None:
     name = unique_database_name("llmgw_migrations")
     await postgres_server.create_database(name)
     url = postgres_server.url(name)
+    before = f"{int(revision) - 1:04d}"
     try:
         await asyncio.to_thread(migrate.upgrade, url)
-        assert await _index_definition(url, "ix_replicas_listing") == (
-            "CREATE INDEX ix_replicas_listing ON public.replicas "
-            'USING btree (model COLLATE "C", number, id COLLATE "C")'
-        )
+        assert await _index_definition(url, index) == definition
 
-        await asyncio.to_thread(migrate.downgrade, url, "0018")
-        assert await _index_definition(url, "ix_replicas_listing") is None
+        await asyncio.to_thread(migrate.downgrade, url, before)
+        assert await _index_definition(url, index) is None
+
+        await asyncio.to_thread(migrate.upgrade, url)
+        assert await _index_definition(url, index) == definition
     finally:
         await postgres_server.drop_database(name)
