@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import structlog
 
 from app.gateway.engine_bounds import MAX_TIMEOUT_S
+from app.gateway.table import models_changed
 
 log = structlog.get_logger("llmgw.gateway")
 
@@ -182,8 +183,7 @@ class Ejector:
             model: ids if type(ids) is tuple else tuple(ids)
             for model, ids in replicas_by_model.items()
         }
-        changed = [model for model, ids in by_model.items() if before.get(model) is not ids]
-        changed.extend(model for model in before if model not in by_model)
+        changed = models_changed(before, by_model)
         routed = {rid: model for model in changed for rid in by_model.get(model, ())}
         gone = [rid for model in changed for rid in before.get(model, ()) if rid not in routed]
         self._by_model = by_model

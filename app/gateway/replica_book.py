@@ -29,7 +29,7 @@ from app.gateway.admission import (
     is_fresh,
 )
 from app.gateway.signals import EngineReading, ScraperTasks
-from app.gateway.table import GatewaySnapshot, Route
+from app.gateway.table import GatewaySnapshot, Route, models_changed
 
 RETIRED_LINGER_S = 30.0
 """How long a replica taken out of routing stays in ``in_flight()`` once it is idle."""
@@ -85,9 +85,7 @@ class ReplicaBook:
         Only the models whose routes are not the tuple taken before are looked at: the
         others' replicas, their states and their model's list in ``by_model`` stay as
         they are."""
-        taken = self._taken
-        changed = [m for m, routes in snapshot.routes.items() if taken.get(m) is not routes]
-        changed.extend(m for m in taken if m not in snapshot.routes)
+        changed = models_changed(self._taken, snapshot.routes)
         lists: dict[str, list[ReplicaState]] = {}
         fresh: dict[str, ReplicaState] = {}
         for model in changed:

@@ -8,7 +8,7 @@ database is away; ``loaded_at`` and ``position`` say how old that snapshot is.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import msgspec
 
@@ -167,3 +167,13 @@ class GatewaySnapshot(msgspec.Struct, frozen=True, kw_only=True):
 
 SnapshotListener = Callable[[GatewaySnapshot], None]
 """Called with each new snapshot a source reads."""
+
+
+def models_changed(before: Mapping[str, object], after: Mapping[str, object]) -> list[str]:
+    """The models whose entry in ``after`` is not the very object ``before`` holds, then
+    those ``after`` no longer has. A snapshot keeps the route tuple of every model a read
+    did not change, the same object (``app.gateway.held_routes``), so what takes snapshots
+    in passes over the others by identity, without comparing their routes."""
+    changed = [model for model, value in after.items() if before.get(model) is not value]
+    changed.extend(model for model in before if model not in after)
+    return changed
