@@ -9,6 +9,7 @@ log knows: any other is ``UnknownPageStart``.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 
 import msgspec
@@ -40,10 +41,11 @@ class ReplicaPage(msgspec.Struct, frozen=True, kw_only=True):
     def of(self, replicas: Iterable[Replica]) -> list[Replica]:
         """This page of ``replicas``, in listing order."""
         after = self.after
-        listed = sorted(
-            (r for r in replicas if after is None or listing_key(r) > after), key=listing_key
-        )
-        return listed if self.limit is None else listed[: self.limit]
+        listed = (r for r in replicas if after is None or listing_key(r) > after)
+        if self.limit is None:
+            return sorted(listed, key=listing_key)
+        # A page of the fold's replicas and the forgotten ones: keep the first, not sort all.
+        return heapq.nsmallest(self.limit, listed, key=listing_key)
 
 
 WHOLE_LIST = ReplicaPage()

@@ -54,13 +54,14 @@ tenth of a second of the database's time every 30 s."""
 SNAPSHOT_SHARE = 0.1
 """The most of the gateway's event loop that taking in new snapshots may take under steady
 change: building one and handing it to the router and the egress check is work on the
-loop, in the models a read of changes touched (about a millisecond for one change at
-20,000 routes) but in every route for a read of every route (45 to 120 ms at 20,000), so
-after a read that took ``t`` of it the next waits ``t * (1 / SNAPSHOT_SHARE - 1)`` (at
-least ``debounce_s``, at most ``MAX_PACE_S``)."""
+loop, in the models a read changed (about a millisecond for one change at 20,000 routes,
+about 14 ms for a read of every route that finds them as held) but in every route of a
+model of thousands of replicas changed, or of a gateway's first read (about 70 ms at
+20,000), so after a read that took ``t`` of it the next waits
+``t * (1 / SNAPSHOT_SHARE - 1)`` (at least ``debounce_s``, at most ``MAX_PACE_S``)."""
 MAX_PACE_S = 1.0
-"""The longest a change waits for the share above: past about 110 ms a snapshot (a read of
-every route at 20,000 routes, or changes to models of thousands of replicas each), freshness
+"""The longest a change waits for the share above: past about 110 ms a snapshot (a gateway's
+first read at 20,000 routes, or changes to models of thousands of replicas each), freshness
 comes first, and a change reaches the router within about a second and a snapshot's time."""
 QUERY_TIMEOUT_S = 5.0
 """A statement that takes longer is taken for a dead connection (a network that drops
