@@ -34,6 +34,7 @@ _CHUNKED = b"transfer-encoding: chunked\r\n"
 BODILESS_STATUSES = frozenset({204, 304})
 """Answers that never have a body, so carry no ``content-length`` of one."""
 _SERVED_VERSIONS = frozenset({"1.0", "1.1"})
+_EMPTY_LINE_BYTES = b"\r\n"
 
 
 class InvalidAnswer(RuntimeError):
@@ -180,6 +181,14 @@ def framing_refusal(
         coding = transfer_encoding[:100].decode("latin-1")
         return 400, f"Transfer-Encoding `{coding}` is not served: only `chunked` is."
     return None
+
+
+def skip_empty_lines(data: bytes) -> bytes:
+    """``data``, read where a request would begin, without the empty lines it begins with:
+    RFC 9112 (2.2) has a server ignore empty lines (CRLF) before a request-line, and
+    httptools skips them, a lone CR or LF too. Dropped as they arrive, before the parser,
+    they take no memory and count towards no head, however many come."""
+    return data.lstrip(_EMPTY_LINE_BYTES)
 
 
 def split_target(target: bytes) -> tuple[str, bytes, bytes]:

@@ -33,7 +33,8 @@ The limits (``ListenerLimits``), as ``app.listeners.limits`` puts them on uvicor
 - a client that takes in nothing of its answer for ``send_timeout_s`` (the transport's
   buffer stays full) is disconnected, unsent bytes dropped: the app sees it gone, so its
   request ends and frees what it holds (a replica's slot at the gateway);
-- a head of at most ``max_header_bytes``, otherwise 431;
+- a head of at most ``max_header_bytes``, otherwise 431; empty lines before a request are
+  dropped as they come, so they count towards no head and are not kept, however many;
 - a body its head announces (``Content-Length``) of at most ``max_body_bytes``, otherwise
   413 as soon as the head is read: the app never sees the request, and a client waiting
   for ``100 Continue`` is not sent one;
@@ -71,7 +72,7 @@ from typing import Any, cast
 import httptools
 
 from app.listeners.exchange import App, Exchange
-from app.listeners.http11 import closing_answer, framing_refusal, split_target
+from app.listeners.http11 import closing_answer, framing_refusal, skip_empty_lines, split_target
 from app.listeners.lifespan import Lifespan
 from app.listeners.limits import (
     LINGER_S,
@@ -180,6 +181,9 @@ class HttpConnection(asyncio.Protocol):
         self._requested = False
         """Whether a request has begun on this connection: until one has, what came
         (nothing, or empty lines, which begin none) asked nothing to answer."""
+        self._between_requests = True
+        """No request is begun (none yet, or the last one read whole): empty lines that
+        come now are dropped before the parser (``http11.skip_empty_lines``)."""
         self._lingering = False
         self._read_paused = False
         self._body_left_s: float | None = None
@@ -240,6 +244,10 @@ class HttpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._lingering or self._read_last:
             return
+        if self._between_requests:
+            data = skip_empty_lines(data)
+            if not data:
+                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -290,6 +298,7 @@ class HttpConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._requested = True
+        self._between_requests = False
         self._target = b""
         self._headers = []
         self._expect_continue = False
@@ -378,6 +387,7 @@ class HttpConnection(asyncio.Protocol):
             self._reading.feed(body)
 
     def on_message_complete(self) -> None:
+        self._between_requests = True
         self.due = math.inf
         self._body_left_s = None
         if self._reading is not None:

@@ -18,7 +18,8 @@ memory behind it, forever, and enough of them hold every connection the process 
 - a client that takes in nothing of an answer (the server's send buffer stays full) for
   ``send_timeout_s`` is disconnected, as nginx's ``send_timeout`` does: no answer can reach
   it, and the request it holds ends;
-- the head may hold at most ``max_header_bytes``;
+- the head may hold at most ``max_header_bytes``; empty lines before a request are dropped
+  as they come, so they count towards no head and are not kept, however many;
 - a body its head announces (``Content-Length``) may be at most ``max_body_bytes`` (None:
   no limit here, the app's own): one over it is answered 413 as soon as the head is read,
   before the app sees the request, so a client that sent ``Expect: 100-continue`` gets no
@@ -64,7 +65,7 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.listeners.http11 import framing_refusal, retry_after_header
+from app.listeners.http11 import framing_refusal, retry_after_header, skip_empty_lines
 from app.listeners.refusals import RETRY_AFTER_S, ListenerRefusals, RefusalReason
 
 Refusal = Callable[[int, str], tuple[bytes, bytes]]
@@ -227,6 +228,9 @@ def limited(
         _requested = False
         """Whether a request has begun on this connection: until one has, what came
         (nothing, or empty lines, which begin none) asked nothing to answer."""
+        _between_requests = True
+        """No request is begun (none yet, or the last one read whole): empty lines that
+        come now are dropped before the parser (``http11.skip_empty_lines``)."""
         _lingering = False
         _send_watch: SendWatch | None = None
 
@@ -257,6 +261,10 @@ def limited(
         def data_received(self, data: bytes) -> None:
             if self._lingering:
                 return
+            if self._between_requests:
+                data = skip_empty_lines(data)
+                if not data:
+                    return
             super().data_received(data)
             # Counted after parsing: a chunk that completes the head may carry body too.
             if self._reading_head and not self.transport.is_closing():
@@ -288,6 +296,7 @@ def limited(
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._requested = True
+            self._between_requests = False
             if not self._reading_head:
                 # The next request of a kept-alive connection: its head is timed anew.
                 self._reading_head, self._head_bytes = True, 0
@@ -321,6 +330,7 @@ def limited(
                 super().on_body(body)
 
         def on_message_complete(self) -> None:
+            self._between_requests = True
             self._due = math.inf
             if self._lingering:
                 return

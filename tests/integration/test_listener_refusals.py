@@ -401,6 +401,42 @@ async def test_the_admin_api_closes_a_connection_of_empty_lines_quietly_as_an_id
     assert [e for e in logs if e["log_level"] in WARNING_OR_ABOVE] == []
 
 
+MANY_EMPTY_LINES = b"\r\n" * (50 * 1024)
+"""100 KiB of empty lines, sent at once: more than a head may hold (64 KiB), and no head."""
+
+
+async def test_a_gateway_counts_no_empty_lines_towards_a_head() -> None:
+    _, record = new_key()
+    source = StaticSource(snapshot_of([], [record]))
+    with GatewayThread(source, limits=SILENT_WITHIN, metrics_port=0) as gateway:
+        port = gateway.gateway.port
+        empty = await answer_to(port, MANY_EMPTY_LINES)
+        served = await answer_to(port, MANY_EMPTY_LINES + LAST_REQUEST)
+        idle = await idle_closed_on(gateway.metrics_url, GATEWAY_IDLE_CLOSED)
+        counted = await refusals_of(gateway)
+
+    assert empty == b""
+    assert status_of(served) == 200
+    assert idle == {"client": 1, "metrics": 0}
+    assert sum(counted.values()) == 0
+
+
+async def test_the_admin_api_counts_no_empty_lines_towards_a_head(
+    pg_store: PostgresEventStore,
+) -> None:
+    async with admin_listener(pg_store, SILENT_WITHIN) as port:
+        metrics_url = f"http://127.0.0.1:{port}/metrics"
+        empty = await answer_to(port, MANY_EMPTY_LINES)
+        served = await answer_to(port, MANY_EMPTY_LINES + LAST_REQUEST)
+        idle = await idle_closed_on(metrics_url, ADMIN_IDLE_CLOSED)
+        counted = await refusals_on(metrics_url, ADMIN_REFUSALS, "admin")
+
+    assert empty == b""
+    assert status_of(served) == 200
+    assert idle == {"admin": 1}
+    assert sum(counted.values()) == 0
+
+
 ENDLESS_EMPTY_LINES = b"\r\n" * 100
 """Sent a byte at a time (``trickle``): seconds of them, far past ``SILENT_WITHIN``'s."""
 

@@ -1,6 +1,7 @@
 """Answer heads as bytes (``app.listeners.http11``): framing, the connection's fate, and
 heads an app cannot smuggle a line into; request heads whose framing a proxy in front could
-read otherwise; and the heap settling a started server does."""
+read otherwise; empty lines before a request, dropped; and the heap settling a started
+server does."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from app.listeners.http11 import (
     answer_head,
     chunk,
     framing_refusal,
+    skip_empty_lines,
     split_target,
 )
 
@@ -103,6 +105,12 @@ def test_a_head_framed_one_way_only_is_served(
     version: str, hosts: int, transfer_encoding: bytes | None
 ) -> None:
     assert framing_refusal(version, hosts=hosts, transfer_encoding=transfer_encoding) is None
+
+
+def test_empty_lines_before_a_request_are_dropped_and_nothing_after_them() -> None:
+    assert skip_empty_lines(b"\r\n\r\n\n\rGET / HTTP/1.1\r\n\r\n") == b"GET / HTTP/1.1\r\n\r\n"
+    assert skip_empty_lines(b"\r\n" * 50_000) == b""
+    assert skip_empty_lines(b"GET /\r\n\r\n") == b"GET /\r\n\r\n"
 
 
 def test_a_settled_heap_is_frozen_and_collects_its_young_objects_rarely() -> None:
