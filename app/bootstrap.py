@@ -36,7 +36,7 @@ from app.admin.auth import TokenAuthenticator, parse_tokens
 from app.admin.events import end_event_streams
 from app.admin.health import Readiness
 from app.admin.metrics import control_plane_figures, control_plane_running
-from app.admin.tls import admin_protocol, admin_ssl_context
+from app.admin.tls import DEFAULT_ADMIN_KEEP_ALIVE_S, admin_protocol, admin_ssl_context
 from app.clock import utc_now
 from app.commands.common import (
     SERVE,
@@ -214,6 +214,8 @@ class Server:
     """When the certificates it presents and trusts end: warned of at start, on /metrics."""
     admin_shutdown_grace_s: int = ADMIN_SHUTDOWN_GRACE_S
     """How long admin requests may go on once the server stops."""
+    admin_keep_alive_s: float = DEFAULT_ADMIN_KEEP_ALIVE_S
+    """How long a kept-alive admin connection may sit idle between requests."""
 
     @classmethod
     def from_settings(cls, settings: ServeSettings) -> Server:
@@ -264,6 +266,7 @@ class Server:
             admin_port=settings.admin_port,
             admin_tls=admin_tls,
             admin_limits=admin_limits,
+            admin_keep_alive_s=settings.admin_keep_alive_timeout,
             authenticator=TokenAuthenticator(tokens, FailureBudget(auth_failures)),
             control_plane=ControlPlaneConfig(
                 server_id=server_id,
@@ -369,7 +372,9 @@ class Server:
                     access_log=False,
                     # Followers of /admin/v1/events never finish their request by themselves.
                     timeout_graceful_shutdown=self.admin_shutdown_grace_s,
-                    http=admin_protocol(self.admin_limits, admin_refusals),
+                    http=admin_protocol(
+                        self.admin_limits, admin_refusals, keep_alive_s=self.admin_keep_alive_s
+                    ),
                     # The admin API serves no WebSocket (agents have their own listener): a
                     # handshake is a plain HTTP request, answered by its route.
                     ws="none",

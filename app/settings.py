@@ -18,7 +18,7 @@ from typing import Annotated
 
 from cyclopts import Parameter
 
-from app.admin.tls import DEFAULT_ADMIN_MAX_CONNECTIONS
+from app.admin.tls import DEFAULT_ADMIN_KEEP_ALIVE_S, DEFAULT_ADMIN_MAX_CONNECTIONS
 from app.commands.common import AllowPrivilegedRole, DatabaseUrl, database_url_problem
 from app.commands.gateway_settings import GatewaySettings
 from app.commands.path_flag import path_flag
@@ -275,6 +275,17 @@ class ServeSettings:
             help="connections the admin listener holds at once; one more is answered 503",
         ),
     ] = DEFAULT_ADMIN_MAX_CONNECTIONS
+    admin_keep_alive_timeout: Annotated[
+        float,
+        Parameter(
+            converter=finite_number_flag,
+            env_var="LLMGW_ADMIN_KEEP_ALIVE_TIMEOUT",
+            help="seconds a kept-alive admin listener connection may sit idle between "
+            "requests; then it is closed without an answer. Keep it longer than a client in "
+            "front keeps an idle connection (a load balancer's pool), so that the client lets "
+            "go first rather than send its next request on a connection being closed",
+        ),
+    ] = DEFAULT_ADMIN_KEEP_ALIVE_S
     client_max_connections: Annotated[
         int,
         Parameter(
@@ -306,9 +317,10 @@ class ServeSettings:
             ("--agent-message-rate", self.agent_message_rate),
             ("--agent-message-burst", self.agent_message_burst),
         )
+        keep_alive = ("--admin-keep-alive-timeout", self.admin_keep_alive_timeout)
         problems = [
             f"{flag} must be positive, not {value}"
-            for flag, value in (*intervals, *rates)
+            for flag, value in (*intervals, *rates, keep_alive)
             if not value > 0  # NaN too: it passes every comparison
         ]
         problems += [

@@ -21,7 +21,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.admin.bodies import MAX_BODY_BYTES
 from app.admin.errors import problem_body
-from app.listeners.limits import ListenerLimits, limited
+from app.listeners.limits import DEFAULT_KEEP_ALIVE_S, ListenerLimits, limited
 from app.listeners.refusals import ListenerRefusals
 from app.pki import server_ssl_context
 
@@ -89,18 +89,28 @@ class TlsScopeProtocol(HttpToolsProtocol):
 
 DEFAULT_ADMIN_MAX_CONNECTIONS = 256
 """Operators, scripts, scrapers and event followers: a few dozen at once is a busy day."""
+DEFAULT_ADMIN_KEEP_ALIVE_S = DEFAULT_KEEP_ALIVE_S
+"""How long a kept-alive admin connection may sit idle between requests: uvicorn's own
+keep-alive time, which the admin listener has always had. A client that keeps idle
+connections longer (a load balancer's pool, a scraper) needs a longer one, so that it lets
+go of a connection before the listener closes it under its next request."""
 
 
 def admin_protocol(
-    limits: ListenerLimits, refusals: ListenerRefusals | None = None
+    limits: ListenerLimits,
+    refusals: ListenerRefusals | None = None,
+    *,
+    keep_alive_s: float = DEFAULT_ADMIN_KEEP_ALIVE_S,
 ) -> type[HttpToolsProtocol]:
     """The admin listener's protocol: the TLS extension in each scope, slow clients cut
     off (``app.listeners.limits``) with a problem document, and a body announced over the
     admin API's limit refused before the app (or a ``100 Continue``) is reached; each
-    refusal counted and logged in ``refusals`` (for the admin API's ``/metrics``)."""
+    refusal counted and logged in ``refusals`` (for the admin API's ``/metrics``). A
+    kept-alive connection idle for ``keep_alive_s`` between requests is closed."""
     return limited(
         TlsScopeProtocol,
         replace(limits, max_body_bytes=MAX_BODY_BYTES),
         problem_body,
         refusals,
+        keep_alive_s=keep_alive_s,
     )

@@ -31,8 +31,9 @@ memory behind it, forever, and enough of them hold every connection the process 
   400 (505) before the app sees it; a chunked body's trailer is not added to the
   request's headers.
 
-The timeouts are checked by one sweep per listener every second (or every quarter of the
-shorter timeout), so a late client is cut off up to that much after its time.
+The timeouts, the keep-alive time below included, are checked by one sweep per listener
+every second, or every quarter of the shortest where that is shorter, so a late client is
+cut off up to that much after its time: a quarter of its time at most.
 
 A client over a limit gets a short answer (408, 413, 431 or 503 with ``Retry-After``, in the
 listener's own error shape) and its connection is closed; nobody else notices. A
@@ -41,13 +42,13 @@ closed. Each refusal, and each request uvicorn answers 400 for not parsing, is c
 logged by reason (``app.listeners.refusals``): uvicorn's own warning for every such
 request, which any client could repeat without end, is left out.
 
-The time between requests on a kept-alive connection is uvicorn's keep-alive timeout
-(``timeout_keep_alive``: its 5 s, unless the listener sets it), from the last answer, or
-from the end of a body that came after its answer, timed by the sweep instead of uvicorn's
-timer: uvicorn stops its timer at every byte it reads and starts it again only at an
-answer, so a client sending an empty line now and then, or the body of a request answered
-without it, would hold its connection for ever. A kept-alive connection closed at that
-time is counted (``ListenerRefusals.closed_keepalive``), not logged.
+The time between requests on a kept-alive connection is ``keep_alive_s``, in place of
+uvicorn's keep-alive timeout (``timeout_keep_alive``), from the last answer, or from the
+end of a body that came after its answer, timed by the sweep instead of uvicorn's timer:
+uvicorn stops its timer at every byte it reads and starts it again only at an answer, so a
+client sending an empty line now and then, or the body of a request answered without it,
+would hold its connection for ever. A kept-alive connection closed at that time is counted
+(``ListenerRefusals.closed_keepalive``), not logged.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ DEFAULT_SEND_TIMEOUT_S = 60.0
 """As nginx's ``send_timeout``: a client may take no more than this to take in some of an
 answer the server cannot send it faster."""
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+DEFAULT_KEEP_ALIVE_S = 5.0
+"""How long a kept-alive connection may idle between requests, unless the listener says:
+uvicorn's own (``timeout_keep_alive``)."""
 _IDLE = "idle"
 """What a connection waits for between requests: the next one, no part of this one."""
 LINGER_S = 2.0
@@ -202,15 +206,24 @@ def limited(
     limits: ListenerLimits,
     refusal: Refusal = plain_text,
     refusals: ListenerRefusals | None = None,
+    *,
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
 ) -> type[HttpToolsProtocol]:
     """``protocol`` (uvicorn's httptools protocol or a subclass) with ``limits``; pass the
     result as ``uvicorn.Config(http=...)``, one per listener. ``refusals`` counts and logs
-    what the listener refuses (its own, when None)."""
+    what the listener refuses (its own, when None); ``keep_alive_s`` is how long a
+    kept-alive connection may idle between requests (uvicorn's ``timeout_keep_alive`` is
+    not used)."""
     counted = refusals if refusals is not None else ListenerRefusals("listener")
     head = (limits.header_timeout_s, "the request's headers")
     body = (limits.body_timeout_s, "the request's body")
+    idle = (keep_alive_s, _IDLE)
     sweep_every_s = min(
-        1.0, limits.header_timeout_s / 4, limits.body_timeout_s / 4, limits.send_timeout_s / 4
+        1.0,
+        limits.header_timeout_s / 4,
+        limits.body_timeout_s / 4,
+        limits.send_timeout_s / 4,
+        keep_alive_s / 4,
     )
 
     # mypy cannot check a class whose base is a parameter; HttpToolsProtocol's methods
@@ -237,6 +250,9 @@ def limited(
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.logger = _UVICORN_LOG
+            # uvicorn's own timer, armed at an answer until the sweep takes over (``_idle``),
+            # runs for the listener's time too, not for its config's.
+            self.timeout_keep_alive = keep_alive_s
 
         def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
@@ -361,7 +377,7 @@ def limited(
             if self.transport.is_closing():
                 return
             self._unset_keepalive_if_required()
-            self._await((self.timeout_keep_alive, _IDLE))
+            self._await(idle)
 
         def _head_too_large(self) -> bool:
             """Refuse the request whose head was just read if it is over the header limit

@@ -16,7 +16,8 @@ head and stalled is still answered 408 and counted as ``header_timeout``. Nor is
 sends only empty lines, which begin no request: however many it sends, it is closed at the
 same time, and a request after them is served. A kept-alive connection closed at the idle
 time between requests is counted too, under ``..._listener_keepalive_closed_total``, and
-empty lines do not keep it open longer.
+empty lines do not keep it open longer; the admin API's keep-alive time is its own setting,
+and one shorter than a second is kept to within a quarter of it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -537,3 +539,35 @@ async def test_an_admin_api_connection_whose_body_came_after_its_answer_is_close
     assert status_of(answered) == 404
     assert b"HTTP/1.1 " not in rest
     assert closed == {"admin": 1}
+
+
+SLOW_SWEEP = ListenerLimits(header_timeout_s=10.0, body_timeout_s=60.0, max_connections=64)
+"""Timeouts for which the sweep alone would run once a second."""
+SHORT_KEEP_ALIVE_S = 0.2
+
+
+async def test_a_short_admin_keep_alive_time_closes_an_idle_connection_on_time(
+    pg_store: PostgresEventStore,
+) -> None:
+    """The sweep that closes idle connections runs every quarter of the keep-alive time
+    when that is shorter than a second: an idle connection is closed a quarter of its time
+    late at most, not up to a second late."""
+    async with serving_admin(pg_store, limits=SLOW_SWEEP, keep_alive_s=SHORT_KEEP_ALIVE_S) as url:
+        port = int(url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(HEAD)
+            await writer.drain()
+            answered = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            answered_at = time.monotonic()
+            await asyncio.wait_for(reader.read(), 10)
+            idle_s = time.monotonic() - answered_at
+        finally:
+            writer.close()
+        closed = await idle_closed_on(f"{url}/metrics", ADMIN_KEEPALIVE_CLOSED)
+
+    assert status_of(answered) == 200
+    assert closed == {"admin": 1}
+    # Due at 0.2 s, seen by a sweep every 0.05 s; a sweep once a second would see it at
+    # about 1 s. The rest is room for a busy machine.
+    assert SHORT_KEEP_ALIVE_S / 2 < idle_s < 3 * SHORT_KEEP_ALIVE_S

@@ -26,7 +26,12 @@ from app.admin.auth import TokenAuthenticator
 from app.admin.events import end_event_streams
 from app.admin.health import Readiness
 from app.admin.metrics import LiveSource
-from app.admin.tls import DEFAULT_ADMIN_MAX_CONNECTIONS, admin_protocol, admin_ssl_context
+from app.admin.tls import (
+    DEFAULT_ADMIN_KEEP_ALIVE_S,
+    DEFAULT_ADMIN_MAX_CONNECTIONS,
+    admin_protocol,
+    admin_ssl_context,
+)
 from app.domain.envelope import Meta
 from app.domain.events import (
     AnyEvent,
@@ -53,8 +58,6 @@ from tests.support.waiting import wait_until
 LOOPBACK = "127.0.0.1"
 SHUTDOWN_GRACE_S = 2
 """As ``llmgw-server serve``: requests still going on this long after the stop are cut."""
-UVICORN_KEEP_ALIVE_S = 5.0
-"""uvicorn's own time a kept-alive connection may idle, which ``serve`` leaves as it is."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ async def serving_admin(
     auth_failures: FailureLimits | None = None,
     wrap: Callable[[ASGIApp], ASGIApp] | None = None,
     readiness: Readiness | None = None,
-    keep_alive_s: float = UVICORN_KEEP_ALIVE_S,
+    keep_alive_s: float = DEFAULT_ADMIN_KEEP_ALIVE_S,
 ) -> AsyncIterator[str]:
     """The admin API over ``store`` until the block ends, on ``port`` or a free one; yields
     its base URL. ``tokens`` maps each token to the operator it names; ``limits`` are the
@@ -140,12 +143,13 @@ async def serving_admin(
         log_level="warning",
         lifespan="on",
         http=admin_protocol(
-            limits or ListenerLimits(max_connections=DEFAULT_ADMIN_MAX_CONNECTIONS), refusals
+            limits or ListenerLimits(max_connections=DEFAULT_ADMIN_MAX_CONNECTIONS),
+            refusals,
+            keep_alive_s=keep_alive_s,
         ),
         ws="none",
         ssl_context_factory=(lambda _config, _default: tls) if tls is not None else None,
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-        timeout_keep_alive=keep_alive_s,
     )
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve(sockets=[listener]))

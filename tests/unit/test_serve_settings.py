@@ -1,7 +1,8 @@
 """``llmgw-server serve``'s flags: a negative adoption setting, or a time longer than a
 day, is refused by name, the embedded gateway's ejection and upload flags are checked as
 ``llmgw-server gateway``'s are, and the agent hub's cap on handshakes per address comes
-from its flag or its environment variable, within its bounds."""
+from its flag or its environment variable, within its bounds, as the admin listener's
+keep-alive time does."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from app.bootstrap import Server
 from app.gateway.ejection import EjectionPolicy
 from app.gateway.engine_bounds import EngineTimeouts
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.main import app
 from app.settings import ServeSettings
+from tests.support.admin_server import write_pki
 
 DATABASE_URL = "postgresql://llmgw@db.example/llmgw"
 
@@ -298,3 +301,36 @@ def test_engine_timeouts_out_of_bounds_are_refused_by_their_flag(
 
     assert settings.problems() == [problem]
     assert replace(settings, gateway=False).problems() == [], "no gateway, nothing to check"
+
+
+def test_the_admin_keep_alive_timeout_comes_from_the_flag_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("LLMGW_ADMIN_KEEP_ALIVE_TIMEOUT", raising=False)
+    assert serve_settings().admin_keep_alive_timeout == 5.0
+    assert serve_settings("--admin-keep-alive-timeout", "75").admin_keep_alive_timeout == 75.0
+
+    monkeypatch.setenv("LLMGW_ADMIN_KEEP_ALIVE_TIMEOUT", "0.5")
+
+    assert serve_settings().admin_keep_alive_timeout == 0.5
+
+
+def test_serve_gives_its_admin_listener_the_keep_alive_timeout(tmp_path: Path) -> None:
+    pki = write_pki(tmp_path, "alice", "gpu-01")
+    cert, key = pki.pair("server")
+    settings = ServeSettings(
+        database_url=DATABASE_URL,
+        tls_cert=cert,
+        tls_key=key,
+        tls_ca=pki.ca,
+        admin_keep_alive_timeout=75.0,
+    )
+
+    assert Server.from_settings(settings).admin_keep_alive_s == 75.0
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1.0, math.nan])
+def test_an_admin_keep_alive_timeout_that_is_not_positive_is_refused(seconds: float) -> None:
+    settings = replace(ServeSettings(database_url=DATABASE_URL), admin_keep_alive_timeout=seconds)
+
+    assert settings.problems() == [f"--admin-keep-alive-timeout must be positive, not {seconds}"]
