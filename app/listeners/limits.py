@@ -201,6 +201,19 @@ class ListenerLimits:
         return found
 
 
+def sweep_period_s(limits: ListenerLimits, keep_alive_s: float) -> float:
+    """How often one listener's sweep looks for late connections: every second, or every
+    quarter of its shortest time where that is shorter, so that none is cut off more than
+    a quarter of its time late."""
+    return min(
+        1.0,
+        limits.header_timeout_s / 4,
+        limits.body_timeout_s / 4,
+        limits.send_timeout_s / 4,
+        keep_alive_s / 4,
+    )
+
+
 def limited(
     protocol: type[HttpToolsProtocol],
     limits: ListenerLimits,
@@ -218,13 +231,7 @@ def limited(
     head = (limits.header_timeout_s, "the request's headers")
     body = (limits.body_timeout_s, "the request's body")
     idle = (keep_alive_s, _IDLE)
-    sweep_every_s = min(
-        1.0,
-        limits.header_timeout_s / 4,
-        limits.body_timeout_s / 4,
-        limits.send_timeout_s / 4,
-        keep_alive_s / 4,
-    )
+    sweep_every_s = sweep_period_s(limits, keep_alive_s)
 
     # mypy cannot check a class whose base is a parameter; HttpToolsProtocol's methods
     # are what is overridden.

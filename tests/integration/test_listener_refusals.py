@@ -32,6 +32,7 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
+from app.admin.tls import DEFAULT_ADMIN_KEEP_ALIVE_S
 from app.gateway.server import StaticSource
 from app.listeners.limits import ListenerLimits
 from app.store.postgres import PostgresEventStore
@@ -546,12 +547,13 @@ SLOW_SWEEP = ListenerLimits(header_timeout_s=10.0, body_timeout_s=60.0, max_conn
 SHORT_KEEP_ALIVE_S = 0.2
 
 
-async def test_a_short_admin_keep_alive_time_closes_an_idle_connection_on_time(
+async def test_a_short_admin_keep_alive_time_closes_an_idle_connection_after_it(
     pg_store: PostgresEventStore,
 ) -> None:
-    """The sweep that closes idle connections runs every quarter of the keep-alive time
-    when that is shorter than a second: an idle connection is closed a quarter of its time
-    late at most, not up to a second late."""
+    """A kept-alive connection idle past the listener's keep-alive time is closed and
+    counted, at that time, not at uvicorn's 5 s; how late after it at most is the sweep's
+    period (tests/unit/test_listener_sweep.py), which a busy machine's clock would blur
+    here."""
     async with serving_admin(pg_store, limits=SLOW_SWEEP, keep_alive_s=SHORT_KEEP_ALIVE_S) as url:
         port = int(url.rsplit(":", 1)[1])
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -568,6 +570,4 @@ async def test_a_short_admin_keep_alive_time_closes_an_idle_connection_on_time(
 
     assert status_of(answered) == 200
     assert closed == {"admin": 1}
-    # Due at 0.2 s, seen by a sweep every 0.05 s; a sweep once a second would see it at
-    # about 1 s. The rest is room for a busy machine.
-    assert SHORT_KEEP_ALIVE_S / 2 < idle_s < 3 * SHORT_KEEP_ALIVE_S
+    assert idle_s < DEFAULT_ADMIN_KEEP_ALIVE_S / 2
