@@ -24,7 +24,14 @@ from its handler:
   change, 422 for a spec, 413 for a request that may carry a body, 503 for one that reads
   the store; and those no rule finds, which their handler declares (``refusal``). Without
   them a client generated from the schema took a wrong token, an unknown model or a
-  conflicting change for an answer the API never gives.
+  conflicting change for an answer the API never gives;
+- the answers any request may get, whatever its route: a 408 or a 431 from the listener,
+  before the app sees the request (``app.listeners.limits``, written by
+  ``app.admin.errors.problem_body``), and a 500 for an error the server did not expect
+  (``app.admin.errors.handle_domain``); and a 405, with its ``Allow`` header, where a path
+  parameter that is empty or holds an encoded ``/`` makes the path another route's, which
+  does not take the method (``app.admin.other_paths``). A client generated from a schema
+  without them met each as an answer it had no type for.
 """
 
 from __future__ import annotations
@@ -39,13 +46,21 @@ from litestar import Litestar
 from litestar.di import Provide
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import ResponseSpec
-from litestar.openapi.spec import Operation, RequestBody
+from litestar.openapi.spec import (
+    OpenAPIHeader,
+    OpenAPIResponse,
+    OpenAPIType,
+    Operation,
+    RequestBody,
+    Schema,
+)
 from litestar.routes import HTTPRoute
 
 from app.admin.auth import require_actor
 from app.admin.bodies import MAX_BODY_BYTES
 from app.admin.errors import PROBLEM_MEDIA_TYPE, ValidationProblem
 from app.admin.idempotency_header import CALLER_PARAMETER, CHANGING_METHODS, SCHEMA_PARAMETER
+from app.admin.other_paths import answered_405
 from app.admin.problem_schemas import (
     ConflictProblem,
     InvalidFieldsProblem,
@@ -67,6 +82,12 @@ VALIDATION_RESPONSE = ResponseSpec(
 STORE_READERS = frozenset({"store", "operations", "traffic", "readiness", "cluster_metrics"})
 """The app's dependencies that read the store's database: a handler that takes one meets
 the store's refusals (``app.admin.errors.PROBLEM_TABLE``, 503)."""
+ALLOW_HEADER = OpenAPIHeader(
+    schema=Schema(type=OpenAPIType.STRING),
+    description="The methods the path takes (OPTIONS, GET, HEAD, say); detail names them too",
+    required=True,
+)
+"""What a 405 says besides its problem document."""
 
 
 def refusal(shape: type[msgspec.Struct], description: str) -> ResponseSpec:
@@ -131,6 +152,19 @@ def reads_the_store(_: HTTPRoute, handler: HTTPRouteHandler) -> bool:
     return not STORE_READERS.isdisjoint(handler.parsed_fn_signature.parameters)
 
 
+def may_be_another_path(route: HTTPRoute, handler: HTTPRouteHandler) -> bool:
+    """A path parameter that is empty or holds an encoded ``/`` can make its path one of
+    another route of the app, which does not take the method (``app.admin.other_paths``)."""
+    routes = [r for r in handler.app.routes if isinstance(r, HTTPRoute)]
+    return any(answered_405(route, method, routes) for method in handler.http_methods)
+
+
+def anywhere(_: HTTPRoute, __: HTTPRouteHandler) -> bool:
+    """Any request: the listener answers it before the app sees it, or the app does
+    whatever the route."""
+    return True
+
+
 REFUSALS: tuple[Refusal, ...] = (
     Refusal(
         401,
@@ -156,6 +190,25 @@ REFUSALS: tuple[Refusal, ...] = (
             UnknownThingProblem,
             "What the path names does not exist (unknown-model, unknown-node, ...; id "
             "says which), or a path segment is empty or holds an encoded /",
+        ),
+    ),
+    Refusal(
+        405,
+        may_be_another_path,
+        refusal(
+            Problem,
+            "The path does not take the method (method-not-allowed; Allow names those it "
+            "takes): a path parameter that is empty or holds an encoded / makes the path "
+            "another one's",
+        ),
+    ),
+    Refusal(
+        408,
+        anywhere,
+        refusal(
+            Problem,
+            "The headers or the body did not arrive in time (request-timeout, from the "
+            "listener); the connection is closed",
         ),
     ),
     Refusal(
@@ -193,6 +246,24 @@ REFUSALS: tuple[Refusal, ...] = (
         ),
     ),
     Refusal(
+        431,
+        anywhere,
+        refusal(
+            Problem,
+            "The headers are over 64 KiB (request-header-fields-too-large, from the "
+            "listener); the connection is closed",
+        ),
+    ),
+    Refusal(
+        500,
+        anywhere,
+        refusal(
+            Problem,
+            "An error the server did not expect (internal-error; store-error for a database "
+            "fault that is no outage): the server's log says what",
+        ),
+    ),
+    Refusal(
         503,
         reads_the_store,
         refusal(
@@ -204,7 +275,7 @@ REFUSALS: tuple[Refusal, ...] = (
         ),
     ),
 )
-"""Each refusal besides a 400, in the order of its status."""
+"""Each refusal besides a 400, and each error, in the order of its status."""
 
 
 def refusals(route: HTTPRoute, handler: HTTPRouteHandler) -> dict[int, ResponseSpec]:
@@ -229,7 +300,8 @@ def body_read_by_hand(body: type[msgspec.Struct]) -> dict[str, Provide]:
 
 @cache
 def operation_class(*, reads_idempotency_key: bool, body_optional: bool) -> type[Operation]:
-    """Litestar's operation, with the header declared and the body's need said as asked."""
+    """Litestar's operation, with the header declared and the body's need said as asked,
+    and a 405's ``Allow`` (a ``ResponseSpec`` declares no header)."""
 
     @dataclass
     class AdminOperation(Operation):
@@ -238,6 +310,10 @@ def operation_class(*, reads_idempotency_key: bool, body_optional: bool) -> type
                 self.parameters = [*(self.parameters or []), SCHEMA_PARAMETER]
             if body_optional and isinstance(self.request_body, RequestBody):
                 self.request_body = replace(self.request_body, required=False)
+            method_not_allowed = (self.responses or {}).get("405")
+            if isinstance(method_not_allowed, OpenAPIResponse):
+                headers = {**(method_not_allowed.headers or {}), "Allow": ALLOW_HEADER}
+                method_not_allowed.headers = headers
 
     return AdminOperation
 
@@ -267,7 +343,6 @@ def declare_in_schema(app: Litestar) -> None:
                 400: VALIDATION_RESPONSE,
             }
             key, optional = reads_idempotency_key(handler), body_optional(handler)
-            if key or optional:
-                handler.operation_class = operation_class(
-                    reads_idempotency_key=key, body_optional=optional
-                )
+            handler.operation_class = operation_class(
+                reads_idempotency_key=key, body_optional=optional
+            )

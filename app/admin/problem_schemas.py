@@ -13,7 +13,8 @@ from app.domain.drain_room import ReplicaRoom
 
 
 class Problem(msgspec.Struct, frozen=True, kw_only=True):
-    """A refusal with nothing to add to its ``detail``: a 401, 403, 413, 429 or 503."""
+    """A refusal with nothing to add to its ``detail`` (a 401, 403, 405, 408, 413, 429, 431 or
+    503), or an error the server did not expect (a 500)."""
 
     type: str
     title: str

@@ -18,6 +18,7 @@ import pytest
 from litestar import Request
 from litestar.exceptions import (
     HTTPException,
+    MethodNotAllowedException,
     NotAuthorizedException,
     NotFoundException,
     PermissionDeniedException,
@@ -33,14 +34,20 @@ from app.domain.idempotency import KeyReused, KeyShownOnce
 from app.domain.operation_results import InvalidSpec, NoRoomToDrain, UnknownModel
 from app.domain.spec_error import SpecError
 from app.services.conflicts import ChangeConflict
-from app.store.errors import ConcurrencyError, FencedError, StoreUnavailable
+from app.store.errors import ConcurrencyError, FencedError, StoreError, StoreUnavailable
 from tests.support.admin_routes import REFERENCE, admin_app, operations
 
 PROBLEM = "application/problem+json"
-GUARDED = {400, 401, 403, 429, 503}
+ANY_REQUEST = {408, 431, 500}
+"""What any request can meet, whatever its route: headers or a body too slow, or headers too
+large, at the listener; an error the server did not expect."""
+GUARDED = {400, 401, 403, 429, 503} | ANY_REQUEST
 """What every request an operator sends can meet: a malformed one, no identity or a wrong
-one, too many wrong tokens, a store that cannot answer."""
+one, too many wrong tokens, a store that cannot answer, and what any request can."""
 A_CHANGE = {404, 409, 413, 422}
+ANOTHER_PATH = {405}
+"""A path parameter that is empty or holds an encoded / makes the path another route's,
+which does not take the method (``app.admin.other_paths``)."""
 
 
 @pytest.mark.parametrize(
@@ -48,19 +55,22 @@ A_CHANGE = {404, 409, 413, 422}
     [
         ("GET /admin/v1/models", GUARDED),
         ("GET /admin/v1/events", GUARDED),
-        ("GET /admin/v1/models/{name}", GUARDED | {404}),
+        # /admin/v1/models/x%2Fautoscale: a model's autoscaling, which takes no GET.
+        ("GET /admin/v1/models/{name}", GUARDED | {404} | ANOTHER_PATH),
         # after: a key id, which may name none.
         ("GET /admin/v1/keys", GUARDED | {404}),
         # Reads the state refuses: a model that never had a rollout, a key's name that
         # more than one key has.
         ("GET /admin/v1/models/{name}/rollout", GUARDED | {404, 409}),
         ("GET /admin/v1/history/{subject}/{key}", GUARDED | {404, 409}),
-        ("PUT /admin/v1/models/{name}", GUARDED | A_CHANGE),
-        ("DELETE /admin/v1/models/{name}", GUARDED | A_CHANGE),
-        ("POST /admin/v1/nodes/{node_id}/drain", GUARDED | A_CHANGE),
+        # /admin/v1/models/: the model list, which takes neither.
+        ("PUT /admin/v1/models/{name}", GUARDED | A_CHANGE | ANOTHER_PATH),
+        ("DELETE /admin/v1/models/{name}", GUARDED | A_CHANGE | ANOTHER_PATH),
+        # /admin/v1/nodes//drain: the node named "drain", whose path takes no POST.
+        ("POST /admin/v1/nodes/{node_id}/drain", GUARDED | A_CHANGE | ANOTHER_PATH),
         ("POST /admin/v1/keys", GUARDED | {409, 413, 422}),
         # Previews record nothing, so nothing conflicts; their spec may be invalid.
-        ("POST /admin/v1/models/{name}/preview", GUARDED | {404, 413, 422}),
+        ("POST /admin/v1/models/{name}/preview", GUARDED | {404, 413, 422} | ANOTHER_PATH),
         ("POST /admin/v1/placement", GUARDED | {413, 422}),
     ],
 )
@@ -137,7 +147,12 @@ REFUSALS_WRITTEN = [
     _written_by_the_app(KeyReused("retry-1")),
     _written_by_the_app(StoreUnavailable("the database does not answer")),
     _written_by_the_app(FencedError(1, 2)),
+    _written_by_the_app(MethodNotAllowedException(headers={"allow": "OPTIONS, GET"})),
+    _written_by_the_app(RuntimeError("a bug")),
+    _written_by_the_app(StoreError("the database refused the statement")),
+    _written_by_the_listener(408),
     _written_by_the_listener(413),
+    _written_by_the_listener(431),
     _written_by_the_listener(503),
 ]
 
