@@ -34,9 +34,14 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.domain.replica_listing import ReplicaPage
-from app.domain.state import ENDED_PHASES, ReplicaFilter
+from app.domain.state import ENDED_PHASES, ReplicaFilter, ReplicaPhase
 from app.store.database import create_engine
-from app.store.replica_rows import ended_rows_statement, read_forgotten_replicas
+from app.store.replica_rows import (
+    any_ended_replica,
+    any_ended_statement,
+    ended_rows_statement,
+    read_forgotten_replicas,
+)
 from benchmarks.common import (
     BenchServer,
     Machine,
@@ -69,10 +74,21 @@ class Page(msgspec.Struct, frozen=True, kw_only=True):
     replicas: int
 
 
+class Check(msgspec.Struct, frozen=True, kw_only=True):
+    """Whether any ended replica matches ``among``: what a list without them left out."""
+
+    among: str
+    median_ms: float
+    p90_ms: float
+    found: bool
+
+
 class Run(msgspec.Struct, frozen=True, kw_only=True):
     index: bool
     pages: list[Page]
     plan: list[str]
+    checks: list[Check] = []
+    check_plan: list[str] = []
 
 
 class Results(msgspec.Struct, frozen=True, kw_only=True):
@@ -120,6 +136,50 @@ async def time_pages(
     return measured
 
 
+CHECKS = {
+    "every replica": ReplicaFilter(),
+    "one model": ReplicaFilter(model="model-7"),
+    "one node": ReplicaFilter(node_id="gpu-3"),
+    "a model with none": ReplicaFilter(model="model-none"),
+    "a node with none": ReplicaFilter(node_id="gpu-none"),
+    "a phase none is in": ReplicaFilter(phase=ReplicaPhase.LOST),
+    "one model, a phase none is in": ReplicaFilter(model="model-7", phase=ReplicaPhase.LOST),
+}
+"""What the check of ended replicas left out is timed for."""
+
+
+async def time_checks(url: str, repeat: int) -> list[Check]:
+    engine = create_engine(runtime_url(url), pool_size=1)
+    measured = []
+    try:
+        for name, among in CHECKS.items():
+            for _ in range(3):  # warm the caches
+                await any_ended_replica(engine, among)
+            times, found = [], False
+            for _ in range(repeat):
+                started = time.perf_counter()
+                found = await any_ended_replica(engine, among)
+                times.append((time.perf_counter() - started) * 1000)
+            measured.append(
+                Check(
+                    among=name,
+                    median_ms=round(median(times), 2),
+                    p90_ms=round(percentile(times, 90), 2),
+                    found=found,
+                )
+            )
+    finally:
+        await engine.dispose()
+    return measured
+
+
+async def check_plan(owner: asyncpg.Connection, among: ReplicaFilter) -> list[str]:
+    """The plan of the check of whether an ended replica is ``among`` those asked for."""
+    statement, args = any_ended_statement(ENDED_PHASES, among)
+    rows = await owner.fetch("EXPLAIN (ANALYZE, BUFFERS) " + statement, *args)
+    return [_shortened(str(r[0])) for r in rows]
+
+
 async def plan(
     owner: asyncpg.Connection, known: list[str], among: ReplicaFilter, page: ReplicaPage
 ) -> list[str]:
@@ -163,7 +223,11 @@ async def run(server: BenchServer, arguments: argparse.Namespace) -> Results:
                     "",
                     *await plan(owner, known, one_model, ReplicaPage(limit=PAGE)),
                 ]
-                runs.append(Run(index=index, pages=pages, plan=plans))
+                checks = await time_checks(url, arguments.repeat)
+                checked = await check_plan(owner, CHECKS["one model"])
+                runs.append(
+                    Run(index=index, pages=pages, plan=plans, checks=checks, check_plan=checked)
+                )
         finally:
             await owner.close()
     return Results(
@@ -197,6 +261,19 @@ def report(results: Results) -> str:
         f"a page of {PAGE} ended replicas, {results.live:,} live + {results.ended:,} ended:"
     )
     lines.append(format_table(["index", "page", "median ms", "p90", "replicas"], rows))
+    checks = [
+        [
+            "with ix_replicas_listing" if r.index else "without (before 0019)",
+            c.among,
+            f"{c.median_ms:.2f}",
+            f"{c.p90_ms:.2f}",
+            "yes" if c.found else "no",
+        ]
+        for r in results.runs
+        for c in r.checks
+    ]
+    lines += ["", "whether a list without the ended replicas left any out:"]
+    lines.append(format_table(["index", "among", "median ms", "p90", "found"], checks))
     for r in results.runs:
         lines += [
             "",
@@ -204,6 +281,7 @@ def report(results: Results) -> str:
             f"{'with' if r.index else 'without'} the index:",
         ]
         lines += r.plan
+        lines += ["", "plan of the check of one model:", *r.check_plan]
     lines.append(f"load average: {results.load_average}")
     return "\n".join(lines)
 

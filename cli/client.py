@@ -32,6 +32,7 @@ import ssl
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType, TracebackType
 from typing import Self, TypeVar
@@ -175,6 +176,15 @@ def new_idempotency_key() -> str:
     return str(uuid.uuid4())
 
 
+@dataclass(frozen=True)
+class Answer:
+    """One answer of the admin API: its status, headers and whole body."""
+
+    status: int
+    headers: httpx.Headers
+    body: bytes
+
+
 # -- the client --------------------------------------------------------------------------
 
 
@@ -233,16 +243,28 @@ class AdminClient:
         body: object = None,
     ) -> bytes:
         """One call of the admin API (``body``, if any, sent as JSON); the answer's body."""
+        return self.request_answer(method, path, params=params, body=body).body
+
+    def request_answer(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, int | str] | None = None,
+        body: object = None,
+    ) -> Answer:
+        """``request``, with the answer's status and headers too (a successful one: an error
+        answer is raised, as ``request`` raises it)."""
         content = None if body is None else msgspec.json.encode(body)
         headers = {"content-type": "application/json"} if content is not None else {}
         if method in READING_METHODS:
-            status, answer = self.exchange(method, path, params, content, headers)
+            answer = self.exchange(method, path, params, content, headers)
         else:
             headers[IDEMPOTENCY_HEADER] = self._next_key()
-            status, answer = self.change(method, path, params, content, headers)
-        if 200 <= status < 300:
+            answer = self.change(method, path, params, content, headers)
+        if 200 <= answer.status < 300:
             return answer
-        error = self.error_answer(httpx.Response(status, content=answer))
+        error = self.error_answer(httpx.Response(answer.status, content=answer.body))
         if isinstance(error, ApiProblem) and _unknown_to_the_server(error):
             raise self._older_server(method, path, error) from error
         raise error
@@ -263,7 +285,7 @@ class AdminClient:
         params: Mapping[str, int | str] | None,
         content: bytes | None,
         headers: Mapping[str, str],
-    ) -> tuple[int, bytes]:
+    ) -> Answer:
         """``exchange`` for a change sent with its ``Idempotency-Key``: when its answer is
         lost, it is sent once more with the same key, which the admin API carries out at
         most once and answers as it did the first time."""
@@ -295,15 +317,16 @@ class AdminClient:
         params: Mapping[str, int | str] | None = None,
         content: bytes | None = None,
         headers: Mapping[str, str] | None = None,
-    ) -> tuple[int, bytes]:
-        """One request; the answer's status and whole body, within the time and size
-        bounds."""
+    ) -> Answer:
+        """One request; the answer's status, headers and whole body, within the time and
+        size bounds."""
         deadline = time.monotonic() + self.answer_within_s
         try:
             with self.http.stream(
                 method, path, params=dict(params or {}), content=content, headers=headers
             ) as streamed:
-                return streamed.status_code, self.whole_body(streamed, deadline)
+                body = self.whole_body(streamed, deadline)
+                return Answer(streamed.status_code, streamed.headers, body)
         except httpx.TransportError as exc:
             raise self.transport_failure(exc) from exc
 

@@ -26,7 +26,7 @@ _readiness_decoder = msgspec.json.Decoder(Readiness)
 def readiness(client: AdminClient) -> Readiness:
     """``/readyz``: whether the server can serve and whether it leads. A server that
     is not ready answers 503 with the same document, which is returned, not raised."""
-    status, body = client.exchange("GET", READYZ_PATH)
-    if status not in (200, 503):
-        raise client.error_answer(httpx.Response(status, content=body))
-    return decode(_readiness_decoder, body, "readiness answer")
+    answer = client.exchange("GET", READYZ_PATH)
+    if answer.status not in (200, 503):
+        raise client.error_answer(httpx.Response(answer.status, content=answer.body))
+    return decode(_readiness_decoder, answer.body, "readiness answer")

@@ -90,7 +90,8 @@ def list_replicas(
     given = {name: value for name, value in filters.items() if value is not None}
 
     def show(client: AdminClient) -> int:
-        listed = replica_pages.list_replicas(client, given, ended=ended)
+        listing = replica_pages.list_replicas(client, given, ended=ended)
+        listed = listing.replicas
         if not listed:
             _require_known_names(client, model, node)
         if output == "json":
@@ -98,7 +99,8 @@ def list_replicas(
             return EXIT_OK
         rows = (replica_row(replica.view) for replica in listed)
         print_table(REPLICA_COLUMNS, rows, wide=output == "wide")
-        if not ended:
+        # A server that does not say whether any was left out may have left some out.
+        if listing.ended_left_out is not False:
             warn(ENDED_NOT_SHOWN)
         return EXIT_OK
 

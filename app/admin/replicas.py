@@ -11,7 +11,8 @@ from types import MappingProxyType
 from typing import Annotated, TypeVar
 
 import msgspec
-from litestar import get
+from litestar import Response, get
+from litestar.datastructures import ResponseHeader
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, QueryParameter
 
@@ -38,6 +39,10 @@ MAX_REPLICAS_PER_PAGE = 5000
 MAX_REPLICA_ID_LENGTH = 128
 """Longer than any replica id (a model name of at most 63 characters, ``-`` and its
 number): a longer ``after`` names none."""
+ENDED_LEFT_OUT_HEADER = "X-Ended-Replicas-Left-Out"
+"""On a list without the ended replicas (``ended=false``): ``true`` when ended replicas that
+the filters match were left out, ``false`` when none was (a client need not say that ended
+ones are hidden when there are none)."""
 NO_NODES: Mapping[str, Node] = MappingProxyType({})
 NOTHING_HELD_ELSEWHERE: HeldElsewhere = MappingProxyType({})
 
@@ -152,7 +157,22 @@ class ReplicaController(GuardedController):
         "such replica in one answer. With `limit`, at most that many, after the replica whose "
         "id is `after` when given: pass the last replica's id as `after` for the next page; a "
         "page with fewer than `limit` replicas is the last (a full one may be followed by an "
-        "empty one). An `after` that names no replica the log knows is refused (404).",
+        "empty one). An `after` that names no replica the log knows is refused (404). With "
+        f"`ended=false`, `{ENDED_LEFT_OUT_HEADER}` says whether any ended replica the "
+        "filters match was left out, of the whole list and not only of this page.",
+        response_headers=[
+            ResponseHeader(
+                name=ENDED_LEFT_OUT_HEADER,
+                description="With ended=false only: true when ended replicas the model, node "
+                "and phase match were left out of the list (of every page), false when none "
+                "was",
+                # Documentation only, the handler sets it: the value gives the schema its
+                # type (a string, true or false).
+                documentation_only=True,
+                value="false",
+                required=False,
+            )
+        ],
         responses={
             404: refusal(
                 UnknownThingProblem, "No replica has the id that after names (unknown-replica)"
@@ -185,14 +205,18 @@ class ReplicaController(GuardedController):
             int | None,
             QueryParameter(ge=1, le=MAX_REPLICAS_PER_PAGE, description="page size"),
         ] = None,
-    ) -> list[ReplicaSummary]:
+    ) -> Response[list[ReplicaSummary]]:
         replicas = await operations.replicas(
             model, node, phase, ended=ended, after=after, limit=limit
         )
         revisions = await operations.revisions(replicas)
         ejections = await traffic.ejections()
         elsewhere = gpus_held_elsewhere((await operations.current()).nodes.values())
-        return [replica_summary(r, revisions, ejections, elsewhere) for r in replicas]
+        listed = [replica_summary(r, revisions, ejections, elsewhere) for r in replicas]
+        if ended:
+            return Response(listed)
+        left_out = await operations.ended_left_out(model, node, phase)
+        return Response(listed, headers={ENDED_LEFT_OUT_HEADER: str(left_out).lower()})
 
     @get(
         "/{replica_id:str}",

@@ -465,6 +465,18 @@ class Operations:
         forgotten = await self._store.forgotten_replicas(state.replicas.keys(), among, page)
         return page.of([*filter(among.matches, state.replicas.values()), *forgotten])
 
+    async def ended_left_out(
+        self,
+        model: str | None = None,
+        node_id: str | None = None,
+        phase: ReplicaPhase | None = None,
+    ) -> bool:
+        """Whether a replica of ``model``, with a shard on ``node_id``, in ``phase`` (each if
+        given) has ended: what ``replicas(..., ended=False)`` leaves out, the replicas the
+        fold forgot included. Asked of the store, which stops at the first it finds."""
+        among = ReplicaFilter(model=model, node_id=node_id, phase=phase)
+        return await self._store.any_ended_replica(among)
+
     async def _page_start(self, state: ClusterState, replica_id: str | None) -> ListingKey | None:
         """Where the replica ``replica_id`` sorts, the fold's or one it forgot."""
         if replica_id is None:

@@ -153,6 +153,9 @@ class FoldedEventStore:
     ) -> list[Replica]:
         return await self._recorder.forgotten_replicas(known, among, page)
 
+    async def any_ended_replica(self, among: ReplicaFilter) -> bool:
+        return await self._recorder.any_ended_replica(among)
+
     async def stream_version(self, stream: str) -> int:
         return await self._recorder.stream_version(stream)
 

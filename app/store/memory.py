@@ -138,6 +138,14 @@ class InMemoryRecorder:
             if r.id not in known and r.phase in ENDED_PHASES and among.matches(r)
         )
 
+    async def any_ended_replica(self, among: ReplicaFilter) -> bool:
+        state = ClusterState()
+        state.forgotten = []
+        replay((_decode(s) for s in self.log), state)
+        every = [*state.forgotten, *state.replicas.values()]
+        anyhow = replace(among, ended=True)
+        return any(r.phase in ENDED_PHASES and anyhow.matches(r) for r in every)
+
     async def stream_version(self, stream: str) -> int:
         return self._versions.get(stream, 0)
 

@@ -144,6 +144,9 @@ class PostgresRecorder:
     ) -> list[Replica]:
         return await replica_rows.read_forgotten_replicas(self._engine, known, among, page)
 
+    async def any_ended_replica(self, among: ReplicaFilter) -> bool:
+        return await replica_rows.any_ended_replica(self._engine, among)
+
     async def stream_version(self, stream: str) -> int:
         async with connection(self._engine) as db:
             version = await db.fetchval(

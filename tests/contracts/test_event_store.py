@@ -25,7 +25,14 @@ from app.domain.events import (
     ShardStarting,
 )
 from app.domain.model_spec import ModelSpec
-from app.domain.state import ClusterState, ReplicaPhase, ShardPhase, revocation_key
+from app.domain.state import (
+    ENDED_KEPT_PER_MODEL,
+    ClusterState,
+    ReplicaFilter,
+    ReplicaPhase,
+    ShardPhase,
+    revocation_key,
+)
 from app.store.codec import encode_event
 from app.store.database import driver_url
 from app.store.errors import ConcurrencyError
@@ -33,6 +40,8 @@ from app.store.folded import FoldedEventStore
 from app.store.interface import NO_STREAM, AppendRequest, EventStore, NewEvent
 from app.store.memory import InMemoryEventStore, StoredEvent
 from app.store.postgres import PostgresEventStore
+from tests.support.admin_server import stream_of
+from tests.support.replica_history import ended, serving
 
 ALICE = Meta(actor="alice", correlation_id="op-1")
 LegacyWriter = Callable[[str, int, str, int, bytes], Awaitable[None]]
@@ -392,3 +401,31 @@ async def test_an_append_decided_on_events_the_log_lost_is_refused_and_folded_ag
         f"model-{other}",
         f"replica-{kept}-1",
     ]
+
+
+async def test_whether_an_ended_replica_is_among_those_asked_for_the_forgotten_ones_too(
+    store: EventStore,
+) -> None:
+    # One replica of the model ended on its own node, then more than the fold keeps on
+    # another: the first is forgotten; the model serves one more.
+    model, first_node, node = unique("m"), unique("gpu-"), unique("gpu-")
+    events = [ModelDeclared(model=model, spec=ModelSpec(name=model, command="c --port {port}"))]
+    for number in range(1, ENDED_KEPT_PER_MODEL + 3):
+        events += ended(model, number, first_node if number == 1 else node)
+    events += serving(model, ENDED_KEPT_PER_MODEL + 3, node)
+    await store.append_many(
+        [AppendRequest(stream_of(e), None, [NewEvent(e)]) for e in events], ALICE
+    )
+    assert f"{model}-1" not in store.state.replicas, "forgotten by the fold"
+
+    async def asked(among: ReplicaFilter) -> bool:
+        return await store.any_ended_replica(among)
+
+    assert await asked(ReplicaFilter(model=model)) is True
+    assert await asked(ReplicaFilter(model=model, ended=False)) is True, "whatever ended says"
+    assert await asked(ReplicaFilter(node_id=first_node)) is True
+    assert await asked(ReplicaFilter(model=model, phase=ReplicaPhase.FAILED)) is True
+    assert await asked(ReplicaFilter(model=model, phase=ReplicaPhase.LOST)) is False
+    assert await asked(ReplicaFilter(model=model, phase=ReplicaPhase.SERVING)) is False
+    assert await asked(ReplicaFilter(model=unique("m"))) is False
+    assert await asked(ReplicaFilter(node_id=unique("gpu-"))) is False

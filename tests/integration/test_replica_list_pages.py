@@ -1,6 +1,7 @@
 """`GET /admin/v1/replicas` over PostgreSQL, for a fleet whose history outgrew the fold:
-the replicas that exist without the ended ones (`ended=false`), and every replica, the
-forgotten ones too, a page at a time (`after`, `limit`), each once and in order."""
+the replicas that exist without the ended ones (`ended=false`), saying whether it left any
+out, and every replica, the forgotten ones too, a page at a time (`after`, `limit`), each
+once and in order."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from tests.support.replica_pages import ids, listed, paged
 TOKEN = secrets.token_hex(16)
 K = ENDED_KEPT_PER_MODEL
 NODE = "gpu-1"
+LEFT_OUT = "x-ended-replicas-left-out"
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,40 @@ async def test_without_ended_replicas_only_those_that_exist_are_listed(
     assert ids(await listed(admin, f"ended=false&node={NODE}&phase=serving")) == fleet.active
     assert ids(await listed(admin, "ended=true")) == fleet.every
     assert ids(await listed(admin, "")) == fleet.every, "ended ones are listed unless left out"
+
+
+async def left_out(admin: httpx.AsyncClient, query: str) -> str | None:
+    answer = await admin.get(f"/admin/v1/replicas?{query}")
+    assert answer.status_code == 200, answer.text
+    return answer.headers.get(LEFT_OUT)
+
+
+async def test_a_list_without_ended_replicas_says_whether_it_left_any_out(
+    admin: httpx.AsyncClient, fleet: Fleet, pg_store: PostgresEventStore
+) -> None:
+    # qwen serves on gpu-2 and never ended a replica; old ended one on gpu-9, which the
+    # fold forgot once K more of old ended on gpu-1.
+    await seed_node(pg_store, "gpu-2")
+    await seed_node(pg_store, "gpu-9")
+    events = [declared("qwen"), *serving("qwen", 1, "gpu-2"), declared("old")]
+    events += ended("old", 1, "gpu-9")
+    for number in range(2, K + 2):
+        events += ended("old", number, NODE)
+    await record_at_once(pg_store, events)
+    assert "old-1" not in pg_store.state.replicas, "forgotten by the fold"
+
+    assert await left_out(admin, "ended=false") == "true"
+    assert await left_out(admin, "ended=false&model=llama-3b") == "true"
+    assert await left_out(admin, "ended=false&model=llama&after=llama-1&limit=1") == "true"
+    assert await left_out(admin, "ended=false&node=gpu-9") == "true", "one the fold forgot"
+    assert await left_out(admin, "ended=false&phase=stopped") == "true"
+    assert await left_out(admin, "ended=false&phase=serving") == "false"
+    assert await left_out(admin, "ended=false&model=qwen") == "false"
+    assert await left_out(admin, "ended=false&node=gpu-2") == "false"
+    assert await left_out(admin, "ended=false&model=nobody") == "false"
+    assert await left_out(admin, "ended=false&model=old&phase=timed_out") == "false"
+    assert await left_out(admin, "ended=true") is None, "nothing was left out"
+    assert await left_out(admin, "") is None
 
 
 async def test_an_ended_phase_with_ended_replicas_left_out_matches_none(
@@ -148,3 +184,6 @@ async def test_the_schema_says_how_the_list_is_paged_and_filtered(
     assert (limit["minimum"], limit["maximum"]) == (1, 5000)
     assert (after["minLength"], after["maxLength"]) == (1, 128)
     assert "unknown-replica" in listing["responses"]["404"]["description"]
+    header = listing["responses"]["200"]["headers"]["X-Ended-Replicas-Left-Out"]
+    assert "ended=false" in header["description"]
+    assert header["schema"]["type"] == "string"

@@ -13,7 +13,7 @@ socket, meets answers no real admin API gives.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,10 +28,18 @@ at the standard library's 0.5 s each test using a stub spent most of its time th
 class StubHandler(BaseHTTPRequestHandler):
     """Answers as a test's subclass says; logs nothing."""
 
-    def answer(self, status: int, content_type: str, body: bytes) -> None:
+    def answer(
+        self,
+        status: int,
+        content_type: str,
+        body: bytes,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         self.send_response(status)
         self.send_header("content-type", content_type)
         self.send_header("content-length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
 

@@ -1,11 +1,12 @@
 """`llmgw-cli replicas` reads the replicas page after page, as many as there are, and
-prints them as one list, without the ended ones unless asked; a page that repeats a replica
-fails the command, and a server older than paging is asked once, for every replica."""
+prints them as one list, without the ended ones unless asked, saying so only when ended ones
+were left out (or the server does not say); a page that repeats a replica fails the
+command, and a server older than paging is asked once, for every replica."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
@@ -19,6 +20,7 @@ from tests.support.stub_admin import StubHandler, stub_admin_api
 REPLICA_COUNT = 1_203
 """More than two pages of 500."""
 ENDED = ("stopped", "failed", "timed_out", "lost")
+ENDED_LEFT_OUT = "X-Ended-Replicas-Left-Out"
 
 
 def listed_replica(n: int) -> dict[str, object]:
@@ -54,6 +56,25 @@ class Paging(StubHandler):
         start = ids.index(query["after"][0]) + 1 if "after" in query else 0
         limit = int(query["limit"][0]) if "limit" in query else len(found)
         self.answer(200, "application/json", msgspec.json.encode(found[start : start + limit]))
+
+
+class SayingWhatWasLeftOut(Paging):
+    """As ``Paging``, with ``X-Ended-Replicas-Left-Out`` on each list without the ended
+    replicas: whether an ended one matched the filters."""
+
+    def answer(
+        self,
+        status: int,
+        content_type: str,
+        body: bytes,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        query = parse_qs(urlsplit(self.path).query)
+        if query.get("ended") == ["false"]:
+            anyhow = {name: values for name, values in query.items() if name != "ended"}
+            left_out = any(r["phase"] in ENDED for r in matching(anyhow))
+            headers = {**(headers or {}), ENDED_LEFT_OUT: str(left_out).lower()}
+        super().answer(status, content_type, body, headers)
 
 
 class OlderThanPaging(StubHandler):
@@ -140,6 +161,36 @@ def test_a_table_says_on_stderr_that_ended_replicas_are_not_shown(
     assert capsys.readouterr().err == ""
     assert list_replicas(connection=flags, output="json") == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_table_says_ended_replicas_are_not_shown_only_when_the_server_left_some_out(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli.replica_pages, "REPLICAS_PAGE_SIZE", 100)
+    Paging.asked = []
+    with stub_admin_api(SayingWhatWasLeftOut, monkeypatch) as url:
+        flags = ConnectionFlags(admin_url=url)
+
+        # No serving replica has ended, and no other was asked for.
+        assert list_replicas(connection=flags, phase="serving") == 0
+        assert capsys.readouterr().err == ""
+        assert list_replicas(connection=flags) == 0
+        assert capsys.readouterr().err == ENDED_NOT_SHOWN + "\n"
+
+    assert len(Paging.asked) == 8, "300 serving replicas: 3 full pages and an empty one, twice"
+    assert all(query["ended"] == ["false"] for query in Paging.asked)
+
+
+def test_a_server_older_than_paging_tells_by_its_answer_whether_ended_ones_were_left_out(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with stub_admin_api(OlderThanPaging, monkeypatch) as url:
+        flags = ConnectionFlags(admin_url=url)
+
+        assert list_replicas(connection=flags, phase="serving") == 0
+        assert capsys.readouterr().err == ""
+        assert list_replicas(connection=flags) == 0
+        assert capsys.readouterr().err == ENDED_NOT_SHOWN + "\n"
 
 
 def test_a_server_older_than_paging_is_asked_once_and_the_ended_left_out_here(
