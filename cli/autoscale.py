@@ -22,9 +22,9 @@ from cli.arguments import (
     WholeNumberWithin,
     segment,
 )
-from cli.client import AdminClient, ApiProblem
+from cli.client import ADMIN, AdminClient, ApiProblem
 from cli.config import ConnectionFlags
-from cli.operator import ADMIN, Output, Reply, call, run_command
+from cli.operator import Output, Reply, call, run_command
 from cli.render import EXIT_OK, counted, print_json, say, utc_seconds
 from cli.views import AutoscaleDecisionView, AutoscaleView, ModelChange
 

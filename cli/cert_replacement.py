@@ -18,9 +18,9 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from cli.client import AdminClient, AdminUnreachable
+from cli.client import ADMIN, AdminClient, AdminUnreachable
 from cli.config import ConnectionFlags, resolve_settings
-from cli.operator import ADMIN, call
+from cli.operator import call
 
 LOOKUP_WITHIN_S = 3.0
 """The longest `cert node` waits for the admin API's answer: the question only refines

@@ -27,9 +27,9 @@ from app.regular_file import not_a_directory
 from cli.arguments import MAX_REASON_LENGTH, UsageError, filled, stripped_one_line_reason
 from cli.cert import CA_DIR_ENV, CaDir, default_ca_dir
 from cli.cert_ends import ca_warning, leaf_warning
-from cli.client import AdminClient, AdminUnreachable, ClientError
+from cli.client import ADMIN, AdminClient, AdminUnreachable, ClientError
 from cli.config import ConfigError, ConnectionFlags, ConnectionSettings, resolve_settings
-from cli.operator import ADMIN, Output, call, run_command
+from cli.operator import Output, call, run_command
 from cli.render import (
     EXIT_FAILED,
     EXIT_OK,

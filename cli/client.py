@@ -51,6 +51,8 @@ from wire.bounded_body import size_words
 from wire.version import llmgw_version
 
 USER_AGENT = "llmgw-cli/0.1"
+ADMIN = "/admin/v1"
+"""Where the admin API's paths begin."""
 ANSWER_WITHIN_S = 60.0
 """The longest a whole answer may take: a read timeout alone lets a server (or a proxy)
 that sends a byte now and then hold a command for ever."""

@@ -19,15 +19,9 @@ from rich.live import Live
 from rich.table import Table
 
 from cli.arguments import NumberWithin, segment
-from cli.client import AdminClient, ApiProblem, ClientError, EventView
+from cli.client import ADMIN, AdminClient, ApiProblem, ClientError, EventView
 from cli.config import ConnectionFlags
-from cli.operator import (
-    ADMIN,
-    Output,
-    Reply,
-    call,
-    run_command,
-)
+from cli.operator import Output, Reply, call, run_command
 from cli.render import (
     EVENT_TYPE_WIDTH,
     EXIT_FAILED,

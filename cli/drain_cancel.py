@@ -13,10 +13,10 @@ from typing import Annotated
 from cyclopts import Parameter
 
 from cli.arguments import segment
-from cli.client import AdminClient
+from cli.client import ADMIN, AdminClient
 from cli.config import ConnectionFlags
 from cli.drain import watch
-from cli.operator import ADMIN, Output, call, run_command
+from cli.operator import Output, call, run_command
 from cli.render import EXIT_OK, print_json, say
 from cli.views import DrainChange
 from cli.waiting import WaitTimeout, check_wait_timeout

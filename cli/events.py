@@ -20,6 +20,7 @@ from cyclopts import Parameter
 from app.usage_errors import stdout_reader_gone
 from cli.arguments import UsageError, WholeNumberWithin
 from cli.client import (
+    ADMIN,
     UNREADABLE,
     AdminClient,
     AdminUnreachable,
@@ -32,7 +33,7 @@ from cli.client import (
 from cli.config import ConnectionFlags
 from cli.history import COLUMNS, event_row
 from cli.history_pages import NEWEST
-from cli.operator import ADMIN, Output, OutputFormat, call, run_command
+from cli.operator import Output, OutputFormat, call, run_command
 from cli.render import (
     EVENT_TYPE_WIDTH,
     EXIT_OK,

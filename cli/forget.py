@@ -11,9 +11,10 @@ import msgspec
 from cyclopts import Parameter
 
 from cli.arguments import MAX_REASON_LENGTH, segment, stripped_one_line_reason
+from cli.client import ADMIN
 from cli.config import ConnectionFlags
 from cli.nodes import NodeId
-from cli.operator import ADMIN, Output, post_change
+from cli.operator import Output, post_change
 from cli.render import EXIT_USAGE, print_error
 
 

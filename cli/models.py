@@ -13,10 +13,9 @@ from cyclopts import App, Parameter, validators
 
 from cli.arguments import MAX_REPLICAS, UsageError, WholeNumberWithin, filled_path, segment
 from cli.autoscale import bounds_text, decision_text, inputs_text, policy_text
-from cli.client import AdminClient, ApiProblem
+from cli.client import ADMIN, AdminClient, ApiProblem
 from cli.config import ConnectionFlags
 from cli.operator import (
-    ADMIN,
     Output,
     Reply,
     call,

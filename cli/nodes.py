@@ -7,10 +7,9 @@ from typing import Annotated
 from cyclopts import Parameter
 
 from cli.arguments import MAX_REASON_LENGTH, WholeNumberWithin, one_line_reason, segment
-from cli.client import AdminClient
+from cli.client import ADMIN, AdminClient
 from cli.config import ConnectionFlags
 from cli.operator import (
-    ADMIN,
     Output,
     get_nodes,
     labels_text,

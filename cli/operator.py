@@ -17,7 +17,7 @@ from cyclopts import Parameter
 from rich.console import Console
 
 from cli.arguments import UsageError, segment
-from cli.client import UNREADABLE, AdminClient, ApiProblem, ClientError, unreadable
+from cli.client import ADMIN, UNREADABLE, AdminClient, ApiProblem, ClientError, unreadable
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
 from cli.render import (
     EXIT_FAILED,
@@ -30,8 +30,6 @@ from cli.render import (
     warn,
 )
 from cli.views import ApplyPreview, ModelChange, ModelView, NodeSummary, ReplicaSummary
-
-ADMIN = "/admin/v1"
 
 OutputFormat = Literal["table", "wide", "json"]
 Output = Annotated[

@@ -8,16 +8,9 @@ from typing import Annotated
 from cyclopts import Parameter, validators
 
 from cli.arguments import filled_path, segment
-from cli.client import AdminClient
+from cli.client import ADMIN, AdminClient
 from cli.config import ConnectionFlags
-from cli.operator import (
-    ADMIN,
-    Output,
-    Reply,
-    call,
-    print_reply,
-    run_command,
-)
+from cli.operator import Output, Reply, call, print_reply, run_command
 from cli.render import (
     EXIT_FAILED,
     EXIT_OK,

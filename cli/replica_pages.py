@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from cli.client import AdminClient, Answer, ApiProblem, decode
-from cli.operator import ADMIN
+from cli.client import ADMIN, AdminClient, Answer, ApiProblem, decode
 from cli.paging import Listed, check_no_repeats, check_page_count, listed_items
 from cli.views import ReplicaSummary
 

@@ -8,15 +8,9 @@ from cyclopts import Parameter
 
 from cli import replica_pages
 from cli.arguments import filled, segment
-from cli.client import AdminClient
+from cli.client import ADMIN, AdminClient
 from cli.config import ConnectionFlags
-from cli.operator import (
-    ADMIN,
-    Output,
-    print_facts,
-    run_command,
-    show_one,
-)
+from cli.operator import Output, print_facts, run_command, show_one
 from cli.render import (
     EXIT_OK,
     Column,

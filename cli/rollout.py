@@ -24,9 +24,9 @@ from cli.arguments import (
     one_line_reason,
     segment,
 )
-from cli.client import AdminClient, ApiProblem, ClientError
+from cli.client import ADMIN, AdminClient, ApiProblem, ClientError
 from cli.config import ConnectionFlags
-from cli.operator import ADMIN, Output, Reply, call, run_command
+from cli.operator import Output, Reply, call, run_command
 from cli.render import (
     EXIT_FAILED,
     EXIT_OK,
