@@ -16,6 +16,7 @@ import msgspec
 from cyclopts import Parameter
 from rich.console import Console
 
+from cli import replica_pages
 from cli.arguments import UsageError, segment
 from cli.client import ADMIN, UNREADABLE, AdminClient, ApiProblem, ClientError, unreadable
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
@@ -135,10 +136,15 @@ def get_replicas(
     node: str | None = None,
     phase: str | None = None,
 ) -> Reply[list[ReplicaSummary]]:
-    """Replicas, only those of ``model``, on ``node`` or in ``phase`` when given."""
+    """Replicas, ended ones too, only those of ``model``, on ``node`` or in ``phase`` when
+    given: read page after page as ``llmgw-cli replicas --all`` reads them
+    (``cli.replica_pages``), so that a fleet of more than a page is listed whole; ``raw``
+    is their JSON array, each replica as the API sent it."""
     filters = {"model": model, "node": node, "phase": phase}
-    params = {name: value for name, value in filters.items() if value is not None}
-    return call(client, list[ReplicaSummary], "GET", f"{ADMIN}/replicas", params=params)
+    given = {name: value for name, value in filters.items() if value is not None}
+    listed = replica_pages.list_replicas(client, given, ended=True).replicas
+    raw = b"[" + b",".join(replica.raw for replica in listed) + b"]"
+    return Reply([replica.view for replica in listed], raw)
 
 
 def show_one(

@@ -1,4 +1,5 @@
-"""The admin API's replicas as ``llmgw-cli replicas`` lists them: page after page, never
+"""The admin API's replicas as ``llmgw-cli replicas`` lists them, and the calls scripts share
+(``cli.operator.get_replicas``, the dev cluster's serving replicas): page after page, never
 trusting a listing that repeats itself, and in one answer from a server older than paging.
 
 A fleet that scales to zero and back and rolls out revisions ends thousands of replicas a

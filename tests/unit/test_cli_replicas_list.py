@@ -1,7 +1,8 @@
 """`llmgw-cli replicas` reads the replicas page after page, as many as there are, and
 prints them as one list, without the ended ones unless asked, saying so only when ended ones
 were left out (or the server does not say); a page that repeats a replica fails the
-command, and a server older than paging is asked once, for every replica."""
+command, and a server older than paging is asked once, for every replica. The replicas the
+dev cluster asks for (``cli.operator.get_replicas``) are read page after page too."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ import msgspec
 import pytest
 
 import cli.replica_pages
-from cli.config import ConnectionFlags
+from cli.client import AdminClient
+from cli.config import ConnectionFlags, ConnectionSettings
+from cli.operator import get_replicas
 from cli.replicas import ENDED_NOT_SHOWN, list_replicas
+from devcluster.admin import serving
 from tests.support.stub_admin import StubHandler, stub_admin_api
 
 REPLICA_COUNT = 1_203
@@ -218,4 +222,26 @@ def test_a_page_repeating_a_replica_listed_already_fails_the_listing(
         f"llmgw-cli replicas: the admin API at {url} sent a replica list page that repeats "
         "replica llama-2, listed already: the listing cannot be trusted to be whole; it is "
         "not the llmgw admin API, or it is broken\n"
+    )
+
+
+def test_the_replicas_a_script_asks_for_are_read_page_after_page(
+    paging: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every serving replica in one answer is more than this client reads: a page is not.
+    monkeypatch.setattr(cli.replica_pages, "REPLICAS_PAGE_SIZE", 7)
+    serving_ids = [str(r["id"]) for r in REPLICAS if r["phase"] == "serving"]
+    settings = ConnectionSettings(admin_url=paging)
+    with AdminClient(settings, max_answer_bytes=4096) as client:
+        reply = get_replicas(client, phase="serving")
+        served = serving(client, "llama")
+
+    assert [r.id for r in reply.value] == serving_ids
+    assert [r["id"] for r in json.loads(reply.raw)] == serving_ids
+    assert served == sorted(serving_ids)
+    pages = len(serving_ids) // 7 + 1
+    assert len(Paging.asked) == 2 * pages
+    assert all(
+        (query["phase"], query["limit"]) == (["serving"], ["7"]) and "ended" not in query
+        for query in Paging.asked
     )
