@@ -67,6 +67,7 @@ from app.admin.problem_schemas import (
     Problem,
     UnknownThingProblem,
 )
+from app.listeners.limits import DEFAULT_MAX_HEADER_BYTES
 
 BODY_PARAMETER = "data"
 """The handler parameter Litestar reads the request body into."""
@@ -250,8 +251,8 @@ REFUSALS: tuple[Refusal, ...] = (
         anywhere,
         refusal(
             Problem,
-            "The headers are over 64 KiB (request-header-fields-too-large, from the "
-            "listener); the connection is closed",
+            f"The headers are over {DEFAULT_MAX_HEADER_BYTES // 1024} KiB "
+            "(request-header-fields-too-large, from the listener); the connection is closed",
         ),
     ),
     Refusal(
