@@ -131,10 +131,11 @@ def any_ended_statement(
     asyncpg prepares the statement and PostgreSQL soon plans it once for any argument: for
     an ``EXISTS`` of one model's ended replicas that plan is a scan of the table, which
     finds one at once for a model with thousands but reads every row for one without any
-    (30 ms of 320,000). So a model's are read off the list's index (model first) in its
-    order, which no plan can do without, and the phases, our own words, are written into
-    the statement, each set with plans of its own: one that no replica is in (``lost``)
-    is then looked up in the index of phases rather than scanned for."""
+    (25-90 ms of 320,000 rows; docs/performance.md). So a model's are read off the list's
+    index (model first) in its order, which no plan can do without, and the phases (the
+    enum's values, never a client's text) are written into the statement, each set with
+    plans of its own: one that no replica is in (``lost``) is then looked up in the index
+    of phases rather than scanned for."""
     written = ", ".join(f"'{phase.value}'" for phase in sorted(phases))
     args: list[object] = []
 
