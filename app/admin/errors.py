@@ -15,6 +15,7 @@ from litestar.exceptions import (
     ValidationException,
 )
 from litestar.status_codes import (
+    HTTP_400_BAD_REQUEST,
     HTTP_404_NOT_FOUND,
     HTTP_409_CONFLICT,
     HTTP_422_UNPROCESSABLE_ENTITY,
@@ -41,6 +42,7 @@ from app.domain.operation_results import (
     UnknownReplica,
     UnknownThing,
 )
+from app.domain.replica_retention import InvalidCutoff
 from app.domain.revocations import InvalidRevocation
 from app.services.conflicts import ChangeConflict
 from app.store.errors import (
@@ -69,6 +71,7 @@ PROBLEM_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
     (KeyReused, HTTP_422_UNPROCESSABLE_ENTITY, "idempotency-key-reused"),
     (KeyShownOnce, HTTP_409_CONFLICT, "carried-out-already"),
     (InvalidOperation, HTTP_409_CONFLICT, "invalid-operation"),
+    (InvalidCutoff, HTTP_400_BAD_REQUEST, "invalid-cutoff"),
     (ConcurrencyError, HTTP_409_CONFLICT, "conflict"),
     (FencedError, HTTP_503_SERVICE_UNAVAILABLE, "not-leader"),
     (ClockOff, HTTP_503_SERVICE_UNAVAILABLE, "clock-off"),

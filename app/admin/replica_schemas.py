@@ -11,6 +11,32 @@ import msgspec
 from app.admin.schemas import EventView
 
 
+class ForgetEndedRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Which ended replicas to forget: those that ended at or before ``before``, or more
+    than ``older_than_s`` seconds ago (one of the two). The cutoff must be at least an hour
+    ago."""
+
+    before: datetime | None = None
+    """A time with its UTC offset (``2026-11-01T00:00:00Z``)."""
+    older_than_s: float | None = None
+    """An age in seconds, before the server's clock (``2592000``: 30 days)."""
+
+
+class EndedReplicasForgetting(msgspec.Struct, frozen=True, kw_only=True):
+    """What a forgetting of ended replicas did: every replica that had ended by ``before``
+    left the replica list and the projection tables; the log keeps their history."""
+
+    before: datetime
+    """The cutoff, in UTC."""
+    forgotten: int
+    """How many replicas were forgotten (none when none had ended by then)."""
+    models: dict[str, int]
+    """How many of each model's, for the models with any."""
+    changed: bool
+    """Whether anything was recorded (a request sent again with its idempotency key answers
+    as the first did)."""
+
+
 class ReplicaEjectionView(msgspec.Struct, frozen=True, kw_only=True):
     """How many live gateways keep a replica out of their rotation for failing requests
     in a row (docs/gateway.md#passive-health-ejection)."""

@@ -1,7 +1,8 @@
 """``/admin/v1/replicas``: replicas with their shards, failures and engine log tails, how
 many live gateways eject each, which of their GPUs another node holds the UUID of
 (``app.domain.gpu_claims``: by node in the list, with the holder in one replica's view),
-and one replica's traffic as the gateways measured it (a replica's drain is in
+one replica's traffic as the gateways measured it, and forgetting the replicas that ended
+before a cutoff (``app.domain.replica_retention``; a replica's drain is in
 ``app.admin.drains``)."""
 
 from __future__ import annotations
@@ -11,15 +12,17 @@ from types import MappingProxyType
 from typing import Annotated, TypeVar
 
 import msgspec
-from litestar import Response, get
+from litestar import Response, get, post
 from litestar.datastructures import ResponseHeader
 from litestar.di import NamedDependency
-from litestar.params import FromPath, FromQuery, QueryParameter
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from app.admin.guarded import GuardedController
 from app.admin.operation_schema import refusal
 from app.admin.problem_schemas import UnknownThingProblem
 from app.admin.replica_schemas import (
+    EndedReplicasForgetting,
+    ForgetEndedRequest,
     GpuHeldElsewhereView,
     ReplicaEjectionView,
     ReplicaSummary,
@@ -30,7 +33,7 @@ from app.admin.schemas import as_view
 from app.admin.traffic import TrafficSource, with_traffic
 from app.domain.gpu_claims import HeldElsewhere, gpus_held_elsewhere, held_elsewhere_reason
 from app.domain.state import ACTIVE_PHASES, Node, Replica, ReplicaPhase
-from app.services.operations import Operations
+from app.services.operations import Caller, Operations
 from app.store.gateway_reports import Ejections
 
 SummaryT = TypeVar("SummaryT", bound=ReplicaSummary)
@@ -217,6 +220,31 @@ class ReplicaController(GuardedController):
             return Response(listed)
         left_out = await operations.ended_left_out(model, node, phase)
         return Response(listed, headers={ENDED_LEFT_OUT_HEADER: str(left_out).lower()})
+
+    @post(
+        "/forget-ended",
+        status_code=200,
+        summary="Forget the replicas that ended before a cutoff, keeping their history",
+        description="Every replica that ended (stopped, failed, timed_out, lost) at or before "
+        "`before`, or more than `older_than_s` seconds ago, leaves the replica list and the "
+        "projection tables for good; replicas not ended are never touched, their numbers are "
+        "never given again, and the log keeps every event about each (its history still "
+        "answers). The cutoff must be at least an hour ago (else 400, invalid-cutoff). "
+        "Recorded as one `ended_replicas_forgotten` per model with any.",
+    )
+    async def forget_ended(
+        self,
+        operations: NamedDependency[Operations],
+        caller: NamedDependency[Caller],
+        data: JSONBody[ForgetEndedRequest],
+    ) -> EndedReplicasForgetting:
+        done = await operations.forget_ended_replicas(caller, data.before, data.older_than_s)
+        return EndedReplicasForgetting(
+            before=done.before,
+            forgotten=done.replicas,
+            models=done.models,
+            changed=done.replicas > 0,
+        )
 
     @get(
         "/{replica_id:str}",

@@ -10,6 +10,7 @@ from app.domain.events import (
     ApiKeyCreated,
     ApiKeyRevoked,
     CertificateRevoked,
+    EndedReplicasForgotten,
     GpuCordoned,
     GpuMarkedUnhealthy,
     GpuRecovered,
@@ -69,7 +70,13 @@ def describe(event: AnyEvent) -> str:
 
 def _subject(event: AnyEvent) -> str:
     match event:
-        case ModelDeclared() | ModelScaled() | ModelRemoved() | ModelUnplaceable():
+        case (
+            ModelDeclared()
+            | ModelScaled()
+            | ModelRemoved()
+            | ModelUnplaceable()
+            | EndedReplicasForgotten()
+        ):
             return f"model {event.model}"
         case (
             RolloutStarted()
@@ -233,6 +240,11 @@ def _what(event: AnyEvent) -> str:
             )
         case ReplicaLost():
             return f"lost: {event.reason}"
+        case EndedReplicasForgotten():
+            return (
+                f"forgot its {event.replicas} replica(s) that ended at or before "
+                f"{utc_text(event.before)}"
+            )
         case RolloutStarted():
             undoing = f", undoing {event.undoes}" if event.undoes is not None else ""
             return f"started: revision {event.from_revision} -> {event.revision}{undoing}"

@@ -536,6 +536,20 @@ class ReplicaLost(Event, frozen=True, kw_only=True):
     reason: str
 
 
+class EndedReplicasForgotten(Event, frozen=True, kw_only=True):
+    """An operator (the actor of this event) forgot the model's replicas that ended at or
+    before ``before``: the state and the ``replicas`` and ``shards`` tables keep none of
+    them from here on (``app.domain.replica_retention``); the events about each stay in
+    the log, so its history still answers. Replicas not ended are never forgotten, nor
+    their numbers: the model's count of replicas created stays. On the model's stream.
+    ``replicas``: how many of those the tables held when it was decided, as the operator
+    was told."""
+
+    model: str
+    before: datetime
+    replicas: int = 0
+
+
 # -- API keys ----------------------------------------------------------------------------
 
 
@@ -616,6 +630,7 @@ AnyEvent = (
     | ReplicaStartupTimedOut
     | ReplicaAdopted
     | ReplicaLost
+    | EndedReplicasForgotten
     | ApiKeyCreated
     | ApiKeyRevoked
 )
@@ -697,6 +712,7 @@ def subjects(event: AnyEvent) -> Subjects:
             | RolloutResumed()
             | RolloutRolledBack()
             | RolloutFinished()
+            | EndedReplicasForgotten()
         ):
             return Subjects(model=event.model)
         case ModelTuned() | RolloutHoldEjectionSeen():

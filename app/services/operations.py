@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from app.clock import utc_now
-from app.domain import drain_cancel, node_forgetting, revocations, tuning
+from app.domain import drain_cancel, node_forgetting, replica_retention, revocations, tuning
 from app.domain import keys as key_decisions
 from app.domain import model_operations as model_decisions
 from app.domain import node_operations as node_decisions
@@ -215,6 +215,36 @@ class Operations:
             ),
             still_holds=node_forgetting.forget_overtaken,
         )
+
+    async def forget_ended_replicas(
+        self, caller: Caller, before: datetime | None = None, older_than_s: float | None = None
+    ) -> replica_retention.Forgetting:
+        """Forget the replicas that ended at or before ``before``, or more than
+        ``older_than_s`` seconds ago (``replica_retention``): one event per model with any,
+        appended at once, each on its model's stream whatever its version (nothing a
+        model's other changes do makes it wrong). A request sent again with its idempotency
+        key answers what the first forgot."""
+        before = replica_retention.cutoff_of(before, older_than_s, self._clock())
+        try:
+            await self._carried_out_before(caller)
+            held = await self._store.ended_replicas_by_model(before)
+            changes = replica_retention.forget_ended(before, self._clock(), held)
+            events = [e for change in changes for e in change.events]
+            if not events:
+                await self._carried_out_before(caller)
+                return replica_retention.Forgetting(before=before)
+            meta = _meta(caller, caller.request_id)
+            keyed = keyed_events(caller.actor, caller.idempotency, events)
+            requests = [
+                AppendRequest(change.stream, None, [new])
+                for change, new in zip(changes, keyed, strict=True)
+            ]
+            recorded = await self._store.append_many(requests, meta)
+            _check_first(caller, meta, recorded)
+        except AlreadyCarriedOut as done:
+            first = await self._store.read_correlated(done.first.meta.correlation_id or "")
+            return replica_retention.forgetting(before, (r.event for r in first))
+        return replica_retention.forgetting(before, events)
 
     async def drain_node(
         self, caller: Caller, node_id: str, grace_s: float, *, require_room: bool = False
@@ -569,14 +599,7 @@ class Operations:
         if not change.events:
             await self._carried_out_before(caller)
             return change
-        key = caller.idempotency
-        meta = Meta(
-            actor=caller.actor,
-            correlation_id=change.correlation_id or correlation_id or caller.request_id,
-            causation_id=caller.request_id,
-            idempotency_key=key.key if key is not None else None,
-            request_digest=key.request_digest if key is not None else None,
-        )
+        meta = _meta(caller, change.correlation_id or correlation_id or caller.request_id)
         request = AppendRequest(
             stream, version, keyed_events(caller.actor, caller.idempotency, change.events)
         )
@@ -588,16 +611,7 @@ class Operations:
             # first did not record is refused, the stream having moved on.
             await self._carried_out_before(caller)
             raise await conflict_met(self._store, exc) from exc
-        if key is not None and recorded:
-            # The same key sent twice at once: the second finds the first's events in the
-            # log as it appends (their ids are the same), and the log keeps those.
-            first = recorded[0]
-            check_same_request(key, first)
-            if (first.meta.correlation_id, first.meta.causation_id) != (
-                meta.correlation_id,
-                meta.causation_id,
-            ):
-                raise AlreadyCarriedOut(first)
+        _check_first(caller, meta, recorded)
         return change
 
     async def _carried_out_before(self, caller: Caller) -> None:
@@ -605,3 +619,31 @@ class Operations:
         before, ``KeyReused`` when that change was another request."""
         if caller.idempotency is not None:
             await carried_out_before(self._store, caller.actor, caller.idempotency)
+
+
+def _meta(caller: Caller, correlation_id: str) -> Meta:
+    """What a change by ``caller`` is recorded with, correlated with ``correlation_id``."""
+    key = caller.idempotency
+    return Meta(
+        actor=caller.actor,
+        correlation_id=correlation_id,
+        causation_id=caller.request_id,
+        idempotency_key=key.key if key is not None else None,
+        request_digest=key.request_digest if key is not None else None,
+    )
+
+
+def _check_first(caller: Caller, meta: Meta, recorded: Sequence[Recorded]) -> None:
+    """Raises ``AlreadyCarriedOut`` when ``recorded`` are another request's events: the
+    same key sent twice at once, the second finds the first's events in the log as it
+    appends (their ids are the same), and the log keeps those."""
+    key = caller.idempotency
+    if key is None or not recorded:
+        return
+    first = recorded[0]
+    check_same_request(key, first)
+    if (first.meta.correlation_id, first.meta.causation_id) != (
+        meta.correlation_id,
+        meta.causation_id,
+    ):
+        raise AlreadyCarriedOut(first)

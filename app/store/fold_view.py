@@ -23,7 +23,7 @@ from uuid import UUID
 from msgspec.structs import replace
 
 from app.domain.envelope import Meta, Recorded
-from app.domain.events import replica_stream
+from app.domain.events import EndedReplicasForgotten, replica_stream
 from app.domain.evolve import evolve
 from app.domain.state import ClusterState, Replica
 from app.store.codec import storable
@@ -56,15 +56,25 @@ def settle_versions(
     forgotten: Iterable[Replica],
 ) -> None:
     """Drop the versions of replica streams whose replica the fold does not hold, among the
-    streams ``events`` wrote and those of the replicas it ``forgot`` meanwhile. Whether the
+    streams ``events`` wrote and those of the replicas it ``forgot`` meanwhile (every
+    replica stream after an ``ended_replicas_forgotten``). Whether the
     fold holds a replica once a batch is folded does not depend on how the log was cut into
     batches, so a replay, a catch-up and the appends keep the same versions."""
     replicas = state.replicas
     cut = len(_REPLICA_STREAM)
+    swept = False
     for recorded in events:
         stream = recorded.stream
         if stream.startswith(_REPLICA_STREAM) and stream[cut:] not in replicas:
             versions.pop(stream, None)
+        swept = swept or type(recorded.event) is EndedReplicasForgotten
+    if swept:
+        # An operator forgot ended replicas the fold held, which no event of the batch wrote
+        # to: every replica stream's version is looked at, once for such a request.
+        for stream in [s for s in versions if s.startswith(_REPLICA_STREAM)]:
+            if stream[cut:] not in replicas:
+                del versions[stream]
+        return
     for replica in forgotten:
         if replica.id not in replicas:
             versions.pop(replica_stream(replica.id), None)

@@ -156,6 +156,9 @@ class FoldedEventStore:
     async def any_ended_replica(self, among: ReplicaFilter) -> bool:
         return await self._recorder.any_ended_replica(among)
 
+    async def ended_replicas_by_model(self, before: datetime) -> dict[str, int]:
+        return await self._recorder.ended_replicas_by_model(before)
+
     async def stream_version(self, stream: str) -> int:
         return await self._recorder.stream_version(stream)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from datetime import datetime
 from typing import Protocol
 from uuid import UUID, uuid4
 
@@ -70,6 +71,11 @@ class LogQueries(Protocol):
         """Whether a replica ``among`` those asked for (whatever ``among.ended``) has ended,
         one the fold holds or one it forgot: what a list of the replicas not ended leaves
         out. Asked of the projection, it stops at the first it finds."""
+        ...
+
+    async def ended_replicas_by_model(self, before: datetime) -> dict[str, int]:
+        """How many replicas that ended at or before ``before`` the projection holds (those
+        the fold holds and those it forgot), by model; models with none are left out."""
         ...
 
     async def stream_version(self, stream: str) -> int: ...

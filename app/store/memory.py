@@ -146,6 +146,18 @@ class InMemoryRecorder:
         anyhow = replace(among, ended=True)
         return any(r.phase in ENDED_PHASES and anyhow.matches(r) for r in every)
 
+    async def ended_replicas_by_model(self, before: datetime) -> dict[str, int]:
+        # No tables here: the replay that keeps what it forgets stands for them.
+        state = ClusterState()
+        state.forgotten = []
+        replay((_decode(s) for s in self.log), state)
+        counts: dict[str, int] = {}
+        for replica in {r.id: r for r in [*state.forgotten, *state.replicas.values()]}.values():
+            ended_at = replica.ended_at
+            if replica.phase in ENDED_PHASES and ended_at is not None and ended_at <= before:
+                counts[replica.model] = counts.get(replica.model, 0) + 1
+        return counts
+
     async def stream_version(self, stream: str) -> int:
         return self._versions.get(stream, 0)
 

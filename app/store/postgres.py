@@ -147,6 +147,9 @@ class PostgresRecorder:
     async def any_ended_replica(self, among: ReplicaFilter) -> bool:
         return await replica_rows.any_ended_replica(self._engine, among)
 
+    async def ended_replicas_by_model(self, before: datetime) -> dict[str, int]:
+        return await replica_rows.count_ended(self._engine, before)
+
     async def stream_version(self, stream: str) -> int:
         async with connection(self._engine) as db:
             version = await db.fetchval(

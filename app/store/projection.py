@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from app.domain.envelope import Recorded
-from app.domain.events import GpuInfo, subjects
+from app.domain.events import EndedReplicasForgotten, GpuInfo, subjects
 from app.domain.evolve import evolve
 from app.domain.gpu_cordons import cordon_of
 from app.domain.state import (
@@ -57,6 +57,15 @@ class Touched(msgspec.Struct):
                 self.models.add(replica.model)
         if about.key is not None:
             self.keys.add(about.key)
+        if isinstance(recorded.event, EndedReplicasForgotten):
+            # The replicas it makes the fold forget, for an undo to put back: those of a
+            # model the state did not know when they ended are not among its ``ended``. Their
+            # rows are deleted by ``llmgw_append`` itself, with those of the replicas the fold
+            # forgot before (migration 0020): none is written here.
+            model = recorded.event.model
+            self.replicas.update(
+                r.id for r in state.replicas.values() if r.model == model and r.ended_at
+            )
         if about.certificate is not None:
             self.revocations.add(revocation_key(about.certificate, None))
 

@@ -9,6 +9,7 @@ and the log keeps every event about it.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from datetime import datetime
 
 import asyncpg
 from msgspec.structs import replace
@@ -147,6 +148,21 @@ def any_ended_statement(
     if among.model is not None:
         return _FIRST_OF_MODEL.format(where=where), args
     return _ANY_ENDED.format(where=where), args
+
+
+_COUNT_ENDED = (
+    "SELECT model, count(*) FROM replicas WHERE phase = ANY($1::text[]) AND ended_at <= $2 "
+    "GROUP BY model"
+)
+
+
+async def count_ended(engine: AsyncEngine, before: datetime) -> dict[str, int]:
+    """``LogQueries.ended_replicas_by_model``: the rows ``ended_replicas_forgotten`` of
+    each model with ``before`` would delete."""
+    phases = [p.value for p in ENDED_PHASES]
+    async with connection(engine) as db:
+        rows = await db.fetch(_COUNT_ENDED, phases, before)
+    return {row[0]: int(row[1]) for row in rows}
 
 
 async def read_about_replica(engine: AsyncEngine, replica_id: str) -> list[Recorded]:

@@ -30,7 +30,7 @@ from tests.support.tcp_relay import TcpRelay
 from tests.support.waiting import wait_until
 
 REFUSED_WITHIN_S = 60
-HEAD = "0019"
+HEAD = "0020"
 MIGRATE_FIRST = "run `llmgw-server migrate` of this release first, as the schema's owner"
 
 

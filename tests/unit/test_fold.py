@@ -18,6 +18,7 @@ from app.domain.events import (
     ApiKeyCreated,
     ApiKeyRevoked,
     CertificateRevoked,
+    EndedReplicasForgotten,
     GpuInfo,
     GpuMarkedUnhealthy,
     GpuRecovered,
@@ -44,7 +45,16 @@ from app.domain.events import (
 )
 from app.domain.evolve import replay
 from app.domain.model_spec import ModelSpec
-from app.domain.state import ClusterState, Model, Node, Replica, ReplicaPhase, Shard, ShardPhase
+from app.domain.state import (
+    ENDED_PHASES,
+    ClusterState,
+    Model,
+    Node,
+    Replica,
+    ReplicaPhase,
+    Shard,
+    ShardPhase,
+)
 from app.store.projection import Row, all_rows, fold
 from app.store.tables import PROJECTION_TABLES
 from tests.support.generators import events, histories, stream_for
@@ -315,6 +325,9 @@ def test_an_incremental_projection_equals_a_replay(batches: list[list[AnyEvent]]
         ]
         log += recorded
         changes, _ = fold(state, recorded)
+        for forgetting in (r.event for r in recorded):
+            if isinstance(forgetting, EndedReplicasForgotten):  # as llmgw_append deletes them
+                _delete_forgotten_rows(tables, forgetting)
         for table, keys in changes.touched.items():
             for key in keys:
                 tables[table].pop(key, None)
@@ -332,6 +345,25 @@ def test_an_incremental_projection_equals_a_replay(batches: list[list[AnyEvent]]
     assert {t: sorted(map(repr, rows.values())) for t, rows in tables.items()} == {
         t: sorted(map(repr, rows)) for t, rows in rebuilt.items()
     }
+
+
+def _delete_forgotten_rows(
+    tables: dict[str, dict[str, Row]], event: EndedReplicasForgotten
+) -> None:
+    """What ``llmgw_append`` deletes for ``event`` (migration 0020): the rows of the model's
+    replicas that ended at or before its cutoff, with their shards."""
+    before = event.before if event.before.tzinfo else event.before.replace(tzinfo=UTC)
+    ended = {p.value for p in ENDED_PHASES}
+    gone = {
+        key
+        for key, row in tables["replicas"].items()
+        if row["model"] == event.model
+        and row["phase"] in ended
+        and row["ended_at"] is not None
+        and row["ended_at"] <= before
+    }
+    tables["replicas"] = {k: v for k, v in tables["replicas"].items() if k not in gone}
+    tables["shards"] = {k: v for k, v in tables["shards"].items() if v["replica_id"] not in gone}
 
 
 def _parts(state: ClusterState) -> tuple[object, ...]:

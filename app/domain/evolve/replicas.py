@@ -4,7 +4,10 @@ timeout counts against the model's backoff (and its rollout's step), except the 
 a replica that served steadily first (``STEADY_SERVING_S``), which is replaced at once; an
 end closes the moves that wait on the replica, and forgets the model's oldest ended replica
 once it keeps more than ``ENDED_KEPT_PER_MODEL``. An end nobody asked for leaves a place
-the next placement below the desired count takes (``Model.unreplaced_ends``).
+the next placement below the desired count takes (``Model.unreplaced_ends``). An operator's
+``ended_replicas_forgotten`` forgets every replica of the model that ended by its cutoff,
+those the fold keeps and those it forgot already (``state.forgotten``), as
+``llmgw_append`` deletes their rows (migration 0020).
 
 A replica only moves on: an event that would take it back to a phase it has left changes
 nothing. An ended replica stays ended as it first ended (a second end counts no second
@@ -15,13 +18,14 @@ over rather than refused."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from msgspec.structs import replace
 
 from app.domain.changes import ModelChanges
 from app.domain.envelope import Recorded
 from app.domain.events import (
+    EndedReplicasForgotten,
     Event,
     ReplacementServing,
     ReplicaDrainCancelled,
@@ -306,6 +310,49 @@ def _keep_ended(state: ClusterState, replica: Replica) -> None:
     )
 
 
+def _ended_replicas_forgotten(
+    state: ClusterState, event: EndedReplicasForgotten, recorded: Recorded
+) -> None:
+    """Forget the model's replicas that ended at or before the cutoff: those the fold keeps
+    leave it as ``_keep_ended`` forgets one (counted by phase in ``Model.forgotten``, their
+    numbers still taken), and those it forgot already leave ``state.forgotten``, so that no
+    row of any of them is kept. Every replica is looked at, not the model's ``ended``: one
+    of a model the state did not know when it ended is kept outside it. A walk of the
+    replicas the fold holds, for an operator's request, never for an end."""
+    before = event.before if event.before.tzinfo is not None else event.before.replace(tzinfo=UTC)
+    gone = [r for r in state.replicas.values() if _ended_by(r, event.model, before)]
+    for replica in gone:
+        del state.replicas[replica.id]
+    if state.forgotten is not None:
+        # In place: whoever set the list reads it (a rebuild keeps the rows it holds).
+        kept = [r for r in state.forgotten if not _ended_by(r, event.model, before)]
+        state.forgotten[:] = kept
+    model = state.models.get(event.model)
+    if model is None or not gone:
+        return
+    ids = {r.id for r in gone}
+    forgotten = dict(model.forgotten)
+    for replica in gone:
+        forgotten[replica.phase.value] = forgotten.get(replica.phase.value, 0) + 1
+    state.models[model.name] = replace(
+        model,
+        ended=tuple(i for i in model.ended if i not in ids),
+        unreplaced_ends=tuple(i for i in model.unreplaced_ends if i not in ids),
+        forgotten=forgotten,
+    )
+
+
+def _ended_by(replica: Replica, model: str, before: datetime) -> bool:
+    """Whether ``replica`` is one of ``model``'s that ended at or before ``before``."""
+    ended_at = replica.ended_at
+    return (
+        replica.model == model
+        and replica.phase in ENDED_PHASES
+        and ended_at is not None
+        and ended_at <= before
+    )
+
+
 def _model_of(state: ClusterState, replica_id: str, changes: ModelChanges) -> None:
     replica = state.replicas.get(replica_id)
     if replica is not None:
@@ -393,5 +440,6 @@ HANDLERS: dict[type[Event], Handler] = {
     ReplicaFailed: _replica_failed,
     ReplicaStartupTimedOut: _replica_startup_timed_out,
     ReplicaLost: _replica_lost,
+    EndedReplicasForgotten: _ended_replicas_forgotten,
 }
 """The events this module folds, each with its handler."""
