@@ -16,6 +16,7 @@ from cli.drain import drain, drain_progress
 from cli.drain_cancel import drain_cancel
 from cli.events import events
 from cli.forget import forget
+from cli.forget_ended import forget_ended
 from cli.history import history_app
 from cli.keys import keys_app
 from cli.models import models_app, remove, scale, show_model
@@ -64,6 +65,7 @@ app.command(drain, name="drain")
 app.command(drain_progress, name="drain-progress")
 app.command(drain_cancel, name="drain-cancel")
 app.command(forget, name="forget")
+app.command(forget_ended, name="forget-ended")
 app.command(rollout_app)
 app.command(events, name="events")
 cert_app.command(revoke_certificate, name="revoke")

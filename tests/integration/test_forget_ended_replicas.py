@@ -34,6 +34,7 @@ from app.store.rebuild import rebuild
 from app.store.replay import replay
 from tests.integration.test_forgotten_replicas import lived_and_ended
 from tests.support.admin_server import bearer_client, problem_of, record, seed_node, serving_admin
+from tests.support.operator_cli import Operator
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -205,3 +206,36 @@ async def test_a_cutoff_too_recent_or_in_the_future_is_refused_and_nothing_recor
     assert refusal in problem["detail"]
     assert "nothing was forgotten" in problem["detail"]
     assert await store.last_position() == position
+
+
+# -- llmgw-cli forget-ended ------------------------------------------------------------------
+
+
+async def test_an_operator_forgets_ended_replicas_with_the_cli_and_reads_their_history(
+    operator: Operator, pg_store: PostgresEventStore, engine: AsyncEngine, clock: Clock
+) -> None:
+    backdated = PostgresEventStore(engine, clock=clock)
+    await given_a_long_history(backdated, clock)
+
+    too_recent = await operator.run("forget-ended", "--before", "30m")
+    forgotten = await operator.run("forget-ended", "--before", "30d")
+    nothing_left = await operator.run("forget-ended", "--before", "30d", "--output", "json")
+
+    assert too_recent.code == 1
+    assert "is less than 1 hour ago" in too_recent.stderr
+    assert "nothing was forgotten" in too_recent.stderr
+    assert forgotten.code == 0, forgotten.stderr
+    assert forgotten.stdout.startswith(f"forgot {K + 4} replica(s) that ended by ")
+    assert forgotten.stdout.endswith(
+        f"UTC ({K + 3} of llama, 1 of qwen); their history stays in the log\n"
+    )
+    assert nothing_left.code == 0, nothing_left.stderr
+    assert (nothing_left.json()["forgotten"], nothing_left.json()["changed"]) == (0, False)
+    listed = await operator.run("replicas", "--all", "--output", "json")
+    assert [r["id"] for r in listed.json()] == [f"llama-{n}" for n in (K + 4, K + 5, K + 6)]
+    history = await operator.run("history", "replica", "llama-1")
+    assert history.code == 0, history.stderr
+    assert "replica llama-1 failed" in history.stdout
+    events = await operator.run("history", "model", "qwen")
+    assert "model qwen forgot its 1 replica(s) that ended at or before" in events.stdout
+    assert (await rebuild(engine, verify=True)).differences == []
