@@ -306,9 +306,12 @@ class HttpConnection(asyncio.Protocol):
         self._hosts = 0
         self._transfer_encoding = None
         if not self._reading_head:
-            # The next request of a kept-alive connection: its head is timed anew.
+            # The next request of a kept-alive connection: its head is timed from its first
+            # byte. The first request's is timed from the connection's opening
+            # (connection_made), not again here: a client silent, or sending empty lines, for
+            # most of the header timeout would get a whole one more for the rest of its head.
             self._reading_head, self._head_bytes = True, 0
-        self._await(self.listener.head)
+            self._await(self.listener.head)
 
     def on_url(self, url: bytes) -> None:
         self._target += url

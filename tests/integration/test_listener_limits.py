@@ -3,9 +3,10 @@ listener (llmgw's own HTTP server, in its own thread) and the admin API's (uvico
 test's loop).
 
 A slowloris client sends its headers, or its body, one byte at a time; it is answered 408
-and cut off when its time is up, while ordinary clients are served the whole time. A
-listener holding as many connections as it may answers the next one 503 at once, and
-serves again once one goes.
+and cut off when its time is up, while ordinary clients are served the whole time. One
+that waits before its first head, silent or sending empty lines, has only what is left of
+the header timeout since it connected. A listener holding as many connections as it may
+answers the next one 503 at once, and serves again once one goes.
 """
 
 from __future__ import annotations
@@ -50,13 +51,16 @@ class Trickled:
     ended_at: float
 
 
-async def trickle(port: int, data: bytes, *, quickly: bytes = b"") -> Trickled:
-    """Connect, send ``quickly`` at once and then ``data`` a byte at a time until the server
-    answers or all is sent; the server's answer."""
+async def trickle(
+    port: int, data: bytes, *, quickly: bytes = b"", after_s: float = 0.0
+) -> Trickled:
+    """Connect, say nothing for ``after_s``, send ``quickly`` at once and then ``data`` a byte
+    at a time until the server answers or all is sent; the server's answer."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     answered = asyncio.create_task(reader.read())
     sent = 0
     try:
+        await asyncio.wait({answered}, timeout=after_s)
         writer.write(quickly)
         await writer.drain()
         for byte in data:
@@ -127,6 +131,30 @@ async def test_the_gateway_cuts_off_clients_sending_headers_a_byte_at_a_time(
         assert served_at < client.ended_at
 
 
+LATE_BY_S = 0.7
+"""How long the late client below waits (silent, or sending empty lines) before its head:
+most of ``QUICK``'s header timeout."""
+EMPTY_LINES_FOR_S = b"\r\n" * round(LATE_BY_S / BYTE_EVERY_S / 2)
+"""Empty lines that take the late client ``LATE_BY_S`` to send, a byte at a time."""
+LATE_HEAD_BYTES_AT_MOST = round(0.75 * QUICK.header_timeout_s / BYTE_EVERY_S)
+"""What of its head the late client gets out before it is cut off: its head is due at the
+header timeout from its connecting, 0.3 s after it began it (a quarter of the timeout more
+at most, the sweep's period), so the client sends for about 0.55 s at most; timed from its
+first byte, it would send for a whole header timeout, and more."""
+
+
+@pytest.mark.parametrize("before", [b"", EMPTY_LINES_FOR_S], ids=["silent", "empty-lines"])
+async def test_the_gateway_times_a_late_first_head_from_the_connection_opening(
+    gateway: GatewayThread, before: bytes
+) -> None:
+    late_by_s = 0.0 if before else LATE_BY_S
+    client = await trickle(gateway.gateway.port, before + HEAD, after_s=late_by_s)
+
+    assert status_of(client.answer) == 408
+    assert b"The request's headers did not arrive within 1 s." in client.answer
+    assert len(before) < client.sent <= len(before) + LATE_HEAD_BYTES_AT_MOST
+
+
 async def test_the_gateway_cuts_off_a_client_sending_its_body_a_byte_at_a_time(
     gateway: GatewayThread,
 ) -> None:
@@ -171,6 +199,19 @@ async def test_the_admin_api_cuts_off_clients_sending_headers_a_byte_at_a_time(
         assert b"content-type: application/problem+json" in client.answer
         assert b"The request's headers did not arrive within 1 s." in client.answer
         assert served_at < client.ended_at
+
+
+@pytest.mark.parametrize("before", [b"", EMPTY_LINES_FOR_S], ids=["silent", "empty-lines"])
+async def test_the_admin_api_times_a_late_first_head_from_the_connection_opening(
+    pg_store: PostgresEventStore, before: bytes
+) -> None:
+    late_by_s = 0.0 if before else LATE_BY_S
+    async with admin_listener(pg_store, QUICK) as port:
+        client = await trickle(port, before + HEAD, after_s=late_by_s)
+
+    assert status_of(client.answer) == 408
+    assert b"The request's headers did not arrive within 1 s." in client.answer
+    assert len(before) < client.sent <= len(before) + LATE_HEAD_BYTES_AT_MOST
 
 
 async def test_the_admin_api_cuts_off_a_client_sending_its_body_a_byte_at_a_time(
