@@ -42,9 +42,9 @@ import time
 from typing import Any
 
 import structlog
-from litestar import Litestar
+from litestar import Litestar, Request
 from litestar.enums import ScopeType
-from litestar.exceptions import NotFoundException
+from litestar.exceptions import HTTPException, NotFoundException
 from litestar.routes import HTTPRoute
 from litestar.types import (
     ASGIApp,
@@ -57,6 +57,7 @@ from litestar.types import (
 )
 
 from app.admin.auth import ACTOR_KEY
+from app.admin.errors import handle_http
 from app.admin.head import requested_method, with_head
 from app.listeners.bom import LeadingMark
 from app.logs import request_level
@@ -91,12 +92,12 @@ def log_requests(app: ASGIApp) -> ASGIApp:
         state[REQUEST_ID_KEY] = request_id
         started = time.perf_counter()
         status = 500
-        streaming = False
+        answered = streaming = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status, streaming
+            nonlocal status, answered, streaming
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, answered = message["status"], True
                 headers = list(message.get("headers", ()))
                 streaming = any(
                     name.lower() == b"content-type" and value.startswith(b"text/event-stream")
@@ -109,6 +110,12 @@ def log_requests(app: ASGIApp) -> ASGIApp:
         with structlog.contextvars.bound_contextvars(request_id=request_id):
             try:
                 await app(scope, receive, send_with_id)
+            except HTTPException as exc:
+                if answered:
+                    raise
+                # Raised by a middleware below, before any handler: answered here, so that
+                # the line says what the client got (a 404, not the 500 it starts from).
+                await refuse(exc, scope, receive, send_with_id)
             finally:
                 path = scope.get("path", "")
                 if path not in _QUIET_PATHS or status >= 500:
@@ -124,6 +131,15 @@ def log_requests(app: ASGIApp) -> ASGIApp:
                     )
 
     return middleware
+
+
+async def refuse(exc: HTTPException, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answers ``exc``, a refusal that a middleware below ``log_requests`` raised before
+    the request reached its route's handler, as the app answers any refusal
+    (``app.admin.errors``), through ``send``."""
+    request: Request[Any, Any, Any] = Request(scope, receive, send)
+    answer = handle_http(request, exc).to_asgi_response(app=None, request=request)
+    await answer(scope, receive, send)
 
 
 def split_segment(raw_path: bytes) -> str | None:
