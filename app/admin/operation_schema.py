@@ -21,13 +21,16 @@ from its handler:
   (``app.admin.problem_schemas``), by one rule per status (``REFUSALS``) read from the
   route and its handler, not from a list of routes: 401, 403 and 429 where the caller is
   checked (``require_actor``), 404 where the path names something, 409 and 422 for a
-  change, 422 for a spec, 413 for a request that may carry a body, 503 for one that reads
-  the store; and those no rule finds, which their handler declares (``refusal``). Without
-  them a client generated from the schema took a wrong token, an unknown model or a
-  conflicting change for an answer the API never gives;
-- the answers any request may get, whatever its route: a 408 or a 431 from the listener,
-  before the app sees the request (``app.listeners.limits``, written by
-  ``app.admin.errors.problem_body``), and a 500 for an error the server did not expect
+  change, 422 for a spec, 503 for a request that reads the store; and those no rule finds,
+  which their handler declares (``refusal``). Without them a client generated from the
+  schema took a wrong token, an unknown model or a conflicting change for an answer the
+  API never gives;
+- the answers any request may get, whatever its route: a 408, a 413 or a 431 from the
+  listener, before the app sees the request (``app.listeners.limits``, written by
+  ``app.admin.errors.problem_body``): the listener refuses a ``Content-Length`` over
+  ``MAX_BODY_BYTES`` whatever the method, a ``GET``'s too, and the app refuses a body sent
+  without one as it reads it (a ``POST``, ``PUT``, ``PATCH`` or ``DELETE``'s: no other
+  is read, ``app.admin.bodies``); and a 500 for an error the server did not expect
   (``app.admin.errors.handle_domain``); and a 405, with its ``Allow`` header, where a path
   parameter that is empty or holds an encoded ``/`` makes the path another route's, which
   does not take the method (``app.admin.other_paths``). A client generated from a schema
@@ -139,14 +142,6 @@ def changes_or_reads_a_spec(route: HTTPRoute, handler: HTTPRouteHandler) -> bool
     return changes(route, handler) or HAND_READ_BODY in handler.resolve_dependencies()
 
 
-def may_carry_a_body(_: HTTPRoute, handler: HTTPRouteHandler) -> bool:
-    """A method that sends a body: one over ``MAX_BODY_BYTES`` is refused, by the listener
-    when its ``Content-Length`` says so, else by the app as it reads it. (The listener
-    refuses a ``GET`` that announces one so too; no client generated from the schema sends
-    it one.)"""
-    return bool(handler.http_methods & CHANGING_METHODS)
-
-
 def reads_the_store(_: HTTPRoute, handler: HTTPRouteHandler) -> bool:
     """Takes a dependency that reads the database, which may not answer; a change may find
     this server no longer the leader."""
@@ -224,8 +219,14 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     Refusal(
         413,
-        may_carry_a_body,
-        refusal(Problem, f"The request body is over {MAX_BODY_BYTES} bytes (1 MiB)"),
+        anywhere,
+        refusal(
+            Problem,
+            f"The request body is over {MAX_BODY_BYTES} bytes (1 MiB) "
+            "(request-entity-too-large): refused by the listener, before the app sees the "
+            "request, when its Content-Length says so, whatever the method (a GET's too), "
+            "and the connection is closed; by the app as it reads a body sent without one",
+        ),
     ),
     Refusal(
         422,

@@ -1,7 +1,7 @@
 """What any request to the admin API may be answered, whatever its route, as the served
-schema describes it: a 405 where a path parameter makes the path another route's, a 408 or
-a 431 from the listener before the app sees the request, a 500 for an error the server did
-not expect. Each is sent for real, over a loopback socket to the app served as
+schema describes it: a 405 where a path parameter makes the path another route's, a 408, a
+413 or a 431 from the listener before the app sees the request, a 500 for an error the
+server did not expect. Each is sent for real, over a loopback socket to the app served as
 ``llmgw-server serve`` serves it, and its body is checked against the component the schema
 names for it: a client generated from the schema reads it by that component.
 
@@ -22,6 +22,7 @@ import pytest_asyncio
 from litestar.routes import HTTPRoute
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from app.admin.bodies import MAX_BODY_BYTES
 from app.admin.other_paths import answered_405
 from app.listeners.limits import DEFAULT_MAX_HEADER_BYTES, ListenerLimits
 from app.services.operations import Operations
@@ -35,7 +36,7 @@ TOKEN = secrets.token_hex(16)
 PROBLEM = "application/problem+json"
 SCHEMA_PATH = "/admin/v1/schema/openapi.json"
 QUICK = ListenerLimits(header_timeout_s=1.0, body_timeout_s=1.0, max_connections=64)
-ANY_ROUTE = ("408", "431", "500")
+ANY_ROUTE = ("408", "413", "431", "500")
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -161,6 +162,25 @@ async def test_headers_that_do_not_arrive_in_time_get_the_408_the_schema_describ
     document = msgspec.json.decode(body)
     assert document["title"] == "request-timeout"
     described = schema["paths"]["/admin/v1/models"]["get"]["responses"]["408"]
+    assert misfits(schema, described, document) == []
+
+
+async def test_a_get_that_announces_a_body_over_the_limit_gets_the_413_the_schema_describes(
+    admin: httpx.AsyncClient,
+) -> None:
+    schema = await served_schema(admin)
+
+    status, fields, body = await raw_answer(
+        port_of(admin),
+        b"GET /admin/v1/models HTTP/1.1\r\nHost: llmgw\r\nContent-Length: %d\r\n\r\n"
+        % (MAX_BODY_BYTES + 1),
+    )
+
+    assert status == 413
+    assert fields["content-type"] == PROBLEM
+    document = msgspec.json.decode(body)
+    assert document["title"] == "request-entity-too-large"
+    described = schema["paths"]["/admin/v1/models"]["get"]["responses"]["413"]
     assert misfits(schema, described, document) == []
 
 

@@ -38,9 +38,10 @@ from app.store.errors import ConcurrencyError, FencedError, StoreError, StoreUna
 from tests.support.admin_routes import REFERENCE, admin_app, operations
 
 PROBLEM = "application/problem+json"
-ANY_REQUEST = {408, 431, 500}
-"""What any request can meet, whatever its route: headers or a body too slow, or headers too
-large, at the listener; an error the server did not expect."""
+ANY_REQUEST = {408, 413, 431, 500}
+"""What any request can meet, whatever its route: headers or a body too slow, a body
+announced too large (a GET's too), or headers too large, at the listener; an error the
+server did not expect."""
 GUARDED = {400, 401, 403, 429, 503} | ANY_REQUEST
 """What every request an operator sends can meet: a malformed one, no identity or a wrong
 one, too many wrong tokens, a store that cannot answer, and what any request can."""
