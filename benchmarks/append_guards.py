@@ -4,10 +4,11 @@
 projection rows of entities no appended event is about (``LG006``). Both run inside the
 function, so the cost is measured there: the same store, the same Python and the same
 log, appending through the installed function ("now") and through a copy of it without
-0017's checks ("before": 0016's text, the function of commit 91c3e63), in alternating
-rounds. The copy lives in a schema of its own and is built from the installed text by
-undoing 0017's own ``CHANGES`` (each must apply exactly once, so the copy cannot drift
-from what 0017 added); a store whose connections put that schema first calls it.
+0017's checks ("before": up to 0019, 0016's text, the function of commit 91c3e63; from
+0020 on, with the later revisions' changes in both), in alternating rounds. The copy lives
+in a schema of its own and is built from the installed text by undoing 0017's own
+``CHANGES`` (each must apply exactly once, so the copy cannot drift from what 0017 added);
+a store whose connections put that schema first calls it.
 
 Both stores connect as the benchmark's runtime role, as a control plane does: the time
 bound is skipped for the function's owner and its members, so an owner would not pay it.
