@@ -365,17 +365,26 @@ async def test_the_admin_api_closes_a_silent_connection_unanswered_and_counts_it
 
 EMPTY_LINES = b"\r\n\r\n"
 """What some clients and load balancers send between requests, or as a keep-alive probe."""
+MANY_EMPTY_LINES = b"\r\n" * (50 * 1024)
+"""100 KiB of empty lines, sent at once: more than a head may hold (64 KiB), and no head."""
+EMPTY_LINES_SENT = pytest.mark.parametrize(
+    "lines", [EMPTY_LINES, MANY_EMPTY_LINES], ids=["two", "100KiB"]
+)
+"""Empty lines are no request however many come: none counts towards a head."""
 LAST_REQUEST = b"GET /healthz HTTP/1.1\r\nHost: llmgw\r\nConnection: close\r\n\r\n"
 
 
-async def test_a_gateway_closes_a_connection_of_empty_lines_quietly_as_an_idle_one() -> None:
+@EMPTY_LINES_SENT
+async def test_a_gateway_closes_a_connection_of_empty_lines_quietly_as_an_idle_one(
+    lines: bytes,
+) -> None:
     _, record = new_key()
     source = StaticSource(snapshot_of([], [record]))
     with GatewayThread(source, limits=SILENT_WITHIN, metrics_port=0) as gateway:
         port = gateway.gateway.port
         with capture_logs() as logs:
-            empty = await answer_to(port, EMPTY_LINES)
-            served = await answer_to(port, EMPTY_LINES + LAST_REQUEST)
+            empty = await answer_to(port, lines)
+            served = await answer_to(port, lines + LAST_REQUEST)
         idle = await idle_closed_on(gateway.metrics_url, GATEWAY_IDLE_CLOSED)
         counted = await refusals_of(gateway)
 
@@ -386,14 +395,15 @@ async def test_a_gateway_closes_a_connection_of_empty_lines_quietly_as_an_idle_o
     assert [e for e in logs if e["log_level"] in WARNING_OR_ABOVE] == []
 
 
+@EMPTY_LINES_SENT
 async def test_the_admin_api_closes_a_connection_of_empty_lines_quietly_as_an_idle_one(
-    pg_store: PostgresEventStore,
+    pg_store: PostgresEventStore, lines: bytes
 ) -> None:
     async with admin_listener(pg_store, SILENT_WITHIN) as port:
         metrics_url = f"http://127.0.0.1:{port}/metrics"
         with capture_logs() as logs:
-            empty = await answer_to(port, EMPTY_LINES)
-            served = await answer_to(port, EMPTY_LINES + LAST_REQUEST)
+            empty = await answer_to(port, lines)
+            served = await answer_to(port, lines + LAST_REQUEST)
         idle = await idle_closed_on(metrics_url, ADMIN_IDLE_CLOSED)
         counted = await refusals_on(metrics_url, ADMIN_REFUSALS, "admin")
 
@@ -402,42 +412,6 @@ async def test_the_admin_api_closes_a_connection_of_empty_lines_quietly_as_an_id
     assert idle == {"admin": 1}
     assert sum(counted.values()) == 0
     assert [e for e in logs if e["log_level"] in WARNING_OR_ABOVE] == []
-
-
-MANY_EMPTY_LINES = b"\r\n" * (50 * 1024)
-"""100 KiB of empty lines, sent at once: more than a head may hold (64 KiB), and no head."""
-
-
-async def test_a_gateway_counts_no_empty_lines_towards_a_head() -> None:
-    _, record = new_key()
-    source = StaticSource(snapshot_of([], [record]))
-    with GatewayThread(source, limits=SILENT_WITHIN, metrics_port=0) as gateway:
-        port = gateway.gateway.port
-        empty = await answer_to(port, MANY_EMPTY_LINES)
-        served = await answer_to(port, MANY_EMPTY_LINES + LAST_REQUEST)
-        idle = await idle_closed_on(gateway.metrics_url, GATEWAY_IDLE_CLOSED)
-        counted = await refusals_of(gateway)
-
-    assert empty == b""
-    assert status_of(served) == 200
-    assert idle == {"client": 1, "metrics": 0}
-    assert sum(counted.values()) == 0
-
-
-async def test_the_admin_api_counts_no_empty_lines_towards_a_head(
-    pg_store: PostgresEventStore,
-) -> None:
-    async with admin_listener(pg_store, SILENT_WITHIN) as port:
-        metrics_url = f"http://127.0.0.1:{port}/metrics"
-        empty = await answer_to(port, MANY_EMPTY_LINES)
-        served = await answer_to(port, MANY_EMPTY_LINES + LAST_REQUEST)
-        idle = await idle_closed_on(metrics_url, ADMIN_IDLE_CLOSED)
-        counted = await refusals_on(metrics_url, ADMIN_REFUSALS, "admin")
-
-    assert empty == b""
-    assert status_of(served) == 200
-    assert idle == {"admin": 1}
-    assert sum(counted.values()) == 0
 
 
 ENDLESS_EMPTY_LINES = b"\r\n" * 100
