@@ -24,7 +24,7 @@ from app.admin.history import HistoryController
 from app.admin.idempotency_header import idempotency_of
 from app.admin.keys import KeyController
 from app.admin.metrics import ClusterMetrics, GatewayPage, LiveSource, metrics
-from app.admin.middleware import MIDDLEWARE, REQUEST_ID_KEY, request_id_of
+from app.admin.middleware import MIDDLEWARE, REQUEST_ID_KEY, log_every_request, request_id_of
 from app.admin.models import ModelController
 from app.admin.nodes import NodeController
 from app.admin.operation_schema import declare_in_schema
@@ -123,7 +123,7 @@ def create_admin_app(
             title="llmgw admin API", version="1", path=SCHEMA_PATH, render_plugins=schema_pages()
         ),
         plugins=[ClosedBodies()],
-        # Outermost first: a refused path is logged, with its request id, as any other.
+        # Outermost first; the request log is in front of the router (log_every_request).
         middleware=list(MIDDLEWARE),
         # The process's logging is app.logs's: Litestar's own would replace the root
         # handler with a plain-text one of its own at startup.
@@ -132,5 +132,8 @@ def create_admin_app(
         debug=False,
     )
     declare_in_schema(app)
+    # In this order: a HEAD is logged once, as the HEAD it is, in front of the router, so
+    # that its 404 or 405 is logged too.
+    log_every_request(app)
     serve_head(app)
     return app

@@ -1,16 +1,25 @@
-"""What every admin API request passes before it is routed, in the order it passes it.
+"""What every admin API request passes on its way to its handler, in the order it passes it.
 
 Before all of these, a ``HEAD`` is routed as the ``GET`` of its path and answered without
 a body (``app.admin.head``): it passes them as that ``GET``, and is logged as a ``HEAD``.
+The first wraps the whole app, in front of its router, so that every request passes it,
+those the router refuses itself included; the others are the app's middleware
+(``MIDDLEWARE``), which Litestar runs once a request is routed.
 
-1. **Its log line and request id** (``log_requests``). One log line per request, carrying
-   its request id and actor: at debug, so that polling and health checks write nothing at
-   info, unless the answer was 5xx (error) or the request slow (warning; an event stream is
-   long by design, never slow), as ``app.logs.request_level`` says. The request id is the
-   client's ``X-Request-Id`` when it sent a usable one, else a new one; it is bound to
-   structlog's context for the request (so every line logged while handling it carries
-   it), echoed in the answer's ``x-request-id``, and recorded as the correlation id of the
-   events the request causes.
+1. **Its log line and request id** (``log_requests``, put in front of the router by
+   ``log_every_request``). One log line per request, carrying its request id and actor: at
+   debug, so that polling and health checks write nothing at info, unless the answer was
+   5xx (error) or the request slow (warning; an event stream is long by design, never
+   slow), as ``app.logs.request_level`` says. The request id is the client's
+   ``X-Request-Id`` when it sent a usable one, else a new one; it is bound to structlog's
+   context for the request (so every line logged while handling it carries it), echoed in
+   the answer's ``x-request-id``, and recorded as the correlation id of the events the
+   request causes. Litestar answers a path that names no route (404) and a method the path
+   does not take (405) in its router, before any of the app's middleware runs: in front of
+   it, those are logged, and carry their id, as any other request is, a scanner's probes
+   and a script's wrong paths included. The actor is the one the guard found
+   (``app.admin.auth``), in the request's state, which the router and all below it share;
+   none where it found none (a refusal, a health check).
 2. **Paths whose segments are not the ones the client wrote are refused (404)**
    (``refuse_split_paths``). Litestar routes on the decoded path with its empty segments
    dropped, so ``DELETE /admin/v1/models//autoscale`` (a client that put an empty name in
@@ -42,9 +51,9 @@ import time
 from typing import Any
 
 import structlog
-from litestar import Litestar, Request
+from litestar import Litestar
 from litestar.enums import ScopeType
-from litestar.exceptions import HTTPException, NotFoundException
+from litestar.exceptions import NotFoundException
 from litestar.routes import HTTPRoute
 from litestar.types import (
     ASGIApp,
@@ -57,7 +66,6 @@ from litestar.types import (
 )
 
 from app.admin.auth import ACTOR_KEY
-from app.admin.errors import handle_http
 from app.admin.head import requested_method, with_head
 from app.listeners.bom import LeadingMark
 from app.logs import request_level
@@ -83,6 +91,8 @@ def request_id_of(scope: Scope) -> str:
 
 
 def log_requests(app: ASGIApp) -> ASGIApp:
+    """ASGI app: ``app``, with each HTTP request given its id and logged in one line."""
+
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != ScopeType.HTTP:
             await app(scope, receive, send)
@@ -92,12 +102,12 @@ def log_requests(app: ASGIApp) -> ASGIApp:
         state[REQUEST_ID_KEY] = request_id
         started = time.perf_counter()
         status = 500
-        answered = streaming = False
+        streaming = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status, answered, streaming
+            nonlocal status, streaming
             if message["type"] == "http.response.start":
-                status, answered = message["status"], True
+                status = message["status"]
                 headers = list(message.get("headers", ()))
                 streaming = any(
                     name.lower() == b"content-type" and value.startswith(b"text/event-stream")
@@ -110,12 +120,6 @@ def log_requests(app: ASGIApp) -> ASGIApp:
         with structlog.contextvars.bound_contextvars(request_id=request_id):
             try:
                 await app(scope, receive, send_with_id)
-            except HTTPException as exc:
-                if answered:
-                    raise
-                # Raised by a middleware below, before any handler: answered here, so that
-                # the line says what the client got (a 404, not the 500 it starts from).
-                await refuse(exc, scope, receive, send_with_id)
             finally:
                 path = scope.get("path", "")
                 if path not in _QUIET_PATHS or status >= 500:
@@ -131,15 +135,6 @@ def log_requests(app: ASGIApp) -> ASGIApp:
                     )
 
     return middleware
-
-
-async def refuse(exc: HTTPException, scope: Scope, receive: Receive, send: Send) -> None:
-    """Answers ``exc``, a refusal that a middleware below ``log_requests`` raised before
-    the request reached its route's handler, as the app answers any refusal
-    (``app.admin.errors``), through ``send``."""
-    request: Request[Any, Any, Any] = Request(scope, receive, send)
-    answer = handle_http(request, exc).to_asgi_response(app=None, request=request)
-    await answer(scope, receive, send)
 
 
 def split_segment(raw_path: bytes) -> str | None:
@@ -220,5 +215,12 @@ def allow_every_method(app: ASGIApp) -> ASGIApp:
     return middleware
 
 
-MIDDLEWARE = (log_requests, refuse_split_paths, skip_byte_order_mark, allow_every_method)
-"""In the order a request passes them."""
+def log_every_request(app: Litestar) -> None:
+    """Makes ``app`` log every request it is sent, in front of its router (``log_requests``);
+    once, when it is built, before ``app.admin.head.serve_head``, so that a ``HEAD`` is
+    logged once, as a ``HEAD``."""
+    app.asgi_handler = log_requests(app.asgi_handler)
+
+
+MIDDLEWARE = (refuse_split_paths, skip_byte_order_mark, allow_every_method)
+"""In the order a request passes them, once it is routed."""
