@@ -224,11 +224,12 @@ class Operations:
         appended at once, each on its model's stream whatever its version (nothing a
         model's other changes do makes it wrong). A request sent again with its idempotency
         key answers what the first forgot."""
-        before = replica_retention.cutoff_of(before, older_than_s, self._clock())
+        now = self._clock()
+        before = replica_retention.cutoff_of(before, older_than_s, now)
         try:
             await self._carried_out_before(caller)
             held = await self._store.ended_replicas_by_model(before)
-            changes = replica_retention.forget_ended(before, self._clock(), held)
+            changes = replica_retention.forget_ended(before, now, held)
             events = [e for change in changes for e in change.events]
             if not events:
                 await self._carried_out_before(caller)

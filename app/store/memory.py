@@ -127,36 +127,36 @@ class InMemoryRecorder:
     async def forgotten_replicas(
         self, known: Collection[str], among: ReplicaFilter, page: ReplicaPage = WHOLE_LIST
     ) -> list[Replica]:
-        # No tables here: a replay that keeps what it forgets (tests and tools only).
-        state = ClusterState()
-        state.forgotten = []
-        replay((_decode(s) for s in self.log), state)
-        last = {r.id: r for r in state.forgotten}
+        forgotten, _ = self._every_replica()
         return page.of(
             r
-            for r in last.values()
+            for r in forgotten.values()
             if r.id not in known and r.phase in ENDED_PHASES and among.matches(r)
         )
 
     async def any_ended_replica(self, among: ReplicaFilter) -> bool:
-        state = ClusterState()
-        state.forgotten = []
-        replay((_decode(s) for s in self.log), state)
-        every = [*state.forgotten, *state.replicas.values()]
+        forgotten, held = self._every_replica()
         anyhow = replace(among, ended=True)
+        every = [*forgotten.values(), *held.values()]
         return any(r.phase in ENDED_PHASES and anyhow.matches(r) for r in every)
 
     async def ended_replicas_by_model(self, before: datetime) -> dict[str, int]:
-        # No tables here: the replay that keeps what it forgets stands for them.
-        state = ClusterState()
-        state.forgotten = []
-        replay((_decode(s) for s in self.log), state)
+        forgotten, held = self._every_replica()
         counts: dict[str, int] = {}
-        for replica in {r.id: r for r in [*state.forgotten, *state.replicas.values()]}.values():
+        for replica in (forgotten | held).values():
             ended_at = replica.ended_at
             if replica.phase in ENDED_PHASES and ended_at is not None and ended_at <= before:
                 counts[replica.model] = counts.get(replica.model, 0) + 1
         return counts
+
+    def _every_replica(self) -> tuple[dict[str, Replica], dict[str, Replica]]:
+        """The replicas the fold forgot (each as last forgotten) and those it holds, by id:
+        no tables here, so a replay that keeps what it forgets stands for them (tests and
+        tools only)."""
+        state = ClusterState()
+        state.forgotten = []
+        replay((_decode(s) for s in self.log), state)
+        return {r.id: r for r in state.forgotten}, dict(state.replicas)
 
     async def stream_version(self, stream: str) -> int:
         return self._versions.get(stream, 0)
