@@ -208,6 +208,38 @@ async def test_a_cutoff_too_recent_or_in_the_future_is_refused_and_nothing_recor
     assert await store.last_position() == position
 
 
+async def test_an_id_placed_again_for_another_model_leaves_with_the_row_that_holds_it(
+    pg_store: PostgresEventStore, engine: AsyncEngine
+) -> None:
+    """A log that places a replica id the fold has forgotten again, for another model (one
+    only a fault could write: an id is its model's name and number). Its row holds the later
+    replica, so forgetting the later one's model deletes the row; a rebuild must not bring
+    back the earlier replica of that id, whose model was not forgotten."""
+    await seed_node(pg_store, "gpu-1")
+    for model in ("llama", "qwen"):
+        spec = ModelSpec(name=model, command="sim --port {port}", replicas=0)
+        await record(pg_store, "alice", ModelDeclared(model=model, spec=spec))
+    for number in range(1, K + 2):  # llama-1 is forgotten by the fold
+        await record(pg_store, "reconciler", *lived_and_ended(number))
+    shard = ShardPlacement(index=0, node_id="gpu-1", gpus=(1,), port=22000)
+    await record(
+        pg_store,
+        "reconciler",
+        ReplicaPlaced(replica_id="llama-1", model="qwen", number=1, shards=(shard,)),
+        ReplicaStopped(replica_id="llama-1"),
+    )
+    later = utc_now() + timedelta(days=1)
+
+    await record(
+        pg_store,
+        "alice",
+        EndedReplicasForgotten(model="qwen", before=later, replicas=1),
+    )
+
+    assert "llama-1" not in await table_ids(pg_store, "replicas", "id")
+    assert (await rebuild(engine, verify=True)).differences == []
+
+
 # -- llmgw-cli forget-ended ------------------------------------------------------------------
 
 

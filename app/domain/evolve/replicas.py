@@ -321,12 +321,17 @@ def _ended_replicas_forgotten(
     replicas the fold holds, for an operator's request, never for an end."""
     before = event.before if event.before.tzinfo is not None else event.before.replace(tzinfo=UTC)
     gone = [r for r in state.replicas.values() if _ended_by(r, event.model, before)]
+    if state.forgotten is not None:
+        # An id's row holds the replica the fold holds, else the one it forgot last (as
+        # ``all_rows`` writes it); where that row goes, every replica of the id the fold
+        # forgot goes with it, as ``llmgw_append`` deletes the row. In place: whoever set
+        # the list reads it (a rebuild keeps the rows it holds).
+        rows = {r.id: r for r in state.forgotten}
+        rows.update(state.replicas)
+        ended = {i for i, r in rows.items() if _ended_by(r, event.model, before)}
+        state.forgotten[:] = [r for r in state.forgotten if r.id not in ended]
     for replica in gone:
         del state.replicas[replica.id]
-    if state.forgotten is not None:
-        # In place: whoever set the list reads it (a rebuild keeps the rows it holds).
-        kept = [r for r in state.forgotten if not _ended_by(r, event.model, before)]
-        state.forgotten[:] = kept
     model = state.models.get(event.model)
     if model is None or not gone:
         return
