@@ -10,7 +10,7 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
-from app.admin.auth import ACTOR_KEY, TokenAuthenticator
+from app.admin.auth import TokenAuthenticator
 from app.admin.autoscale import AutoscaleController
 from app.admin.bodies import MAX_BODY_BYTES
 from app.admin.certificates import CertificateController
@@ -18,13 +18,18 @@ from app.admin.closed_bodies import ClosedBodies
 from app.admin.drains import DrainController
 from app.admin.errors import EXCEPTION_HANDLERS
 from app.admin.events import EventsController
-from app.admin.head import serve_head
 from app.admin.health import Readiness, healthz, readyz
 from app.admin.history import HistoryController
 from app.admin.idempotency_header import idempotency_of
 from app.admin.keys import KeyController
 from app.admin.metrics import ClusterMetrics, GatewayPage, LiveSource, metrics
-from app.admin.middleware import MIDDLEWARE, REQUEST_ID_KEY, log_every_request, request_id_of
+from app.admin.middleware import (
+    ACTOR_KEY,
+    MIDDLEWARE,
+    REQUEST_ID_KEY,
+    put_in_front_of_router,
+    request_id_of,
+)
 from app.admin.models import ModelController
 from app.admin.nodes import NodeController
 from app.admin.operation_schema import declare_in_schema
@@ -123,7 +128,7 @@ def create_admin_app(
             title="llmgw admin API", version="1", path=SCHEMA_PATH, render_plugins=schema_pages()
         ),
         plugins=[ClosedBodies()],
-        # Outermost first; the request log is in front of the router (log_every_request).
+        # Outermost first; the request log is in front of the router (put_in_front_of_router).
         middleware=list(MIDDLEWARE),
         # The process's logging is app.logs's: Litestar's own would replace the root
         # handler with a plain-text one of its own at startup.
@@ -132,8 +137,5 @@ def create_admin_app(
         debug=False,
     )
     declare_in_schema(app)
-    # In this order: a HEAD is logged once, as the HEAD it is, in front of the router, so
-    # that its 404 or 405 is logged too.
-    log_every_request(app)
-    serve_head(app)
+    put_in_front_of_router(app)
     return app

@@ -40,12 +40,11 @@ from litestar.exceptions import (
 )
 from litestar.handlers.base import BaseRouteHandler
 
+from app.admin.middleware import ACTOR_KEY
 from app.admin.tls import TLS_EXTENSION
 from app.listeners.http11 import retry_after_header
 from app.listeners.throttle import FailureBudget
 from app.pki import CertificateKind, CertificateRejected, PeerIdentity, peer_identity
-
-ACTOR_KEY = "llmgw_actor"
 
 log = structlog.get_logger(__name__)
 

@@ -24,7 +24,7 @@ from litestar.status_codes import (
 )
 from litestar.types import ExceptionHandlersMap
 
-from app.admin.head import requested_method, with_head
+from app.admin.middleware import requested_method, with_head
 from app.domain.describe import describe
 from app.domain.envelope import Recorded
 from app.domain.idempotency import KeyReused, KeyShownOnce

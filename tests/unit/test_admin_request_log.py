@@ -10,8 +10,7 @@ from litestar.types import Message, Receive, Scope, Send
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from app.admin.head import answer_head_as_get
-from app.admin.middleware import log_requests
+from app.admin.middleware import answer_head_as_get, log_requests
 
 log = structlog.get_logger("tests.admin")
 
