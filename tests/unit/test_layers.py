@@ -20,6 +20,7 @@ its line, so it says what to move rather than only that something is wrong.
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +53,17 @@ def imports(module: str, path: Path) -> Iterator[tuple[int, str]]:
                 yield node.lineno, ".".join([*base, *([node.module] if node.module else [])])
             elif node.module:
                 yield node.lineno, node.module
+
+
+@functools.cache
+def every_import() -> tuple[tuple[str, Path, int, str], ...]:
+    """``(module, path, line, imported module)`` for every import of every module: read
+    once, judged by each rule."""
+    return tuple(
+        (module, path, line, imported)
+        for module, path in modules()
+        for line, imported in imports(module, path)
+    )
 
 
 def within(name: str, *prefixes: str) -> bool:
@@ -107,8 +119,7 @@ def test_imports_keep_to_the_layers(rule: str) -> None:
     breaks = RULES[rule]
     offending = [
         f"{path.relative_to(ROOT)}:{line} imports {imported}"
-        for module, path in modules()
-        for line, imported in imports(module, path)
+        for module, path, line, imported in every_import()
         if breaks(module, imported)
     ]
     assert offending == [], f"{rule}:\n" + "\n".join(offending)
