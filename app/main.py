@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from cyclopts import App
 
-from app.commands.gateway import gateway_command
-from app.commands.log import head_command, verify_command
-from app.commands.maintenance import migrate, rebuild_command
-from app.commands.serve import serve
 from app.usage_errors import (
     one_line_usage_errors,
     output_console,
@@ -30,19 +26,21 @@ projections = App(
     help="Maintain the tables projected from the event log.\n\n"
     "Example: llmgw-server projections rebuild --verify",
 )
+# Each command's module is imported when that command runs (or a help page lists it):
+# ``log verify`` or ``migrate`` pays for neither the admin API nor the gateway.
 app.command(projections)
-app.command(migrate)
-projections.command(rebuild_command, name="rebuild")
+app.command("app.commands.maintenance:migrate", name="migrate")
+projections.command("app.commands.maintenance:rebuild_command", name="rebuild")
 log = App(
     name="log",
     help="Check the event log against its chain hash.\n\n"
     "Example: llmgw-server log head; llmgw-server log verify --anchor POSITION:HASH",
 )
 app.command(log)
-log.command(verify_command, name="verify")
-log.command(head_command, name="head")
-app.command(serve)
-app.command(gateway_command, name="gateway")
+log.command("app.commands.log:verify_command", name="verify")
+log.command("app.commands.log:head_command", name="head")
+app.command("app.commands.serve:serve", name="serve")
+app.command("app.commands.gateway:gateway_command", name="gateway")
 
 
 def main() -> None:

@@ -74,6 +74,8 @@ def run_program(command_line: Callable[[], object]) -> None:
     is not stdout's (a socket's) is the error it is. A command line that stops at a
     group of commands (``missing_command``) is a usage error, told in one line."""
     if isinstance(command_line, App):
+        if not sys.argv[1:] or HELP_FLAGS.intersection(sys.argv[1:]):
+            load_every_command(command_line)
         missing = missing_command(command_line, sys.argv[1:])
         if missing is not None:
             print_command_error(*missing)
@@ -92,6 +94,20 @@ def run_program(command_line: Callable[[], object]) -> None:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         sys.exit(EXIT_OUTPUT_CLOSED)
+
+
+HELP_FLAGS = frozenset({"--help", "-h"})
+
+
+def load_every_command(program: App, loaded: set[int] | None = None) -> None:
+    """Import every command registered lazily (``app.command("module:function")``) under
+    ``program``: a program imports the module of the command it runs alone, but a help
+    page lists each command with its summary, which only the command's module has."""
+    loaded = loaded if loaded is not None else set()
+    loaded.add(id(program))
+    for command in program.resolved_commands().values():
+        if id(command) not in loaded:
+            load_every_command(command, loaded)
 
 
 def missing_command(app: App, tokens: Sequence[str]) -> tuple[str, str] | None:

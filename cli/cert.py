@@ -456,3 +456,9 @@ def _error(name: str, message: str) -> None:
     """``llmgw-cli cert NAME: MESSAGE`` on stderr, naming the command typed, as every
     command's errors do."""
     print_error(f"cert {name}", message)
+
+
+# The admin API's certificates and revocations (``cli.cert_revocation``, which reads the CA
+# directory as these do), imported when one of them runs.
+cert_app.command("cli.cert_revocation:revoke_certificate", name="revoke")
+cert_app.command("cli.cert_revocation:list_certificates", name="list")

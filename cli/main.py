@@ -7,24 +7,8 @@ import sys
 from cyclopts import App
 
 from app.usage_errors import run_program
-from cli.autoscale import autoscale
-from cli.bench.command import bench_app
-from cli.cert import cert_app
-from cli.cert_revocation import list_certificates, revoke_certificate
 from cli.completion import register_completion
-from cli.drain import drain, drain_progress
-from cli.drain_cancel import drain_cancel
-from cli.events import events
-from cli.forget import forget
-from cli.forget_ended import forget_ended
-from cli.history import history_app
-from cli.keys import keys_app
-from cli.models import models_app, remove, scale, show_model
-from cli.nodes import cordon, list_nodes, show_node, uncordon
-from cli.placement import explain_placement
 from cli.render import make_console
-from cli.replicas import list_replicas, show_replica
-from cli.rollout import rollout_app
 from cli.usage_errors import usage_error_console, usage_error_line
 from wire.version import llmgw_version
 
@@ -49,31 +33,35 @@ app = App(
     error_console=usage_error_console(),
     console=make_console(),
 )
-app.command(list_nodes, name="nodes")
-app.command(show_node, name="node")
-app.command(models_app)
-app.command(show_model, name="model")
-app.command(scale, name="scale")
-app.command(autoscale, name="autoscale")
-app.command(remove, name="remove")
-app.command(list_replicas, name="replicas")
-app.command(show_replica, name="replica")
-app.command(explain_placement, name="explain-placement")
-app.command(cordon, name="cordon")
-app.command(uncordon, name="uncordon")
-app.command(drain, name="drain")
-app.command(drain_progress, name="drain-progress")
-app.command(drain_cancel, name="drain-cancel")
-app.command(forget, name="forget")
-app.command(forget_ended, name="forget-ended")
-app.command(rollout_app)
-app.command(events, name="events")
-cert_app.command(revoke_certificate, name="revoke")
-cert_app.command(list_certificates, name="list")
-app.command(cert_app)
-app.command(history_app)
-app.command(keys_app)
-app.command(bench_app)
+# Each command's module is imported when that command runs (or ``--help`` lists them all):
+# a command pays for its own imports alone, the local CA's none of the HTTP client's.
+_COMMANDS = (
+    ("nodes", "cli.nodes:list_nodes"),
+    ("node", "cli.nodes:show_node"),
+    ("models", "cli.models:models_app"),
+    ("model", "cli.models:show_model"),
+    ("scale", "cli.models:scale"),
+    ("autoscale", "cli.autoscale:autoscale"),
+    ("remove", "cli.models:remove"),
+    ("replicas", "cli.replicas:list_replicas"),
+    ("replica", "cli.replicas:show_replica"),
+    ("explain-placement", "cli.placement:explain_placement"),
+    ("cordon", "cli.nodes:cordon"),
+    ("uncordon", "cli.nodes:uncordon"),
+    ("drain", "cli.drain:drain"),
+    ("drain-progress", "cli.drain:drain_progress"),
+    ("drain-cancel", "cli.drain_cancel:drain_cancel"),
+    ("forget", "cli.forget:forget"),
+    ("forget-ended", "cli.forget_ended:forget_ended"),
+    ("rollout", "cli.rollout:rollout_app"),
+    ("events", "cli.events:events"),
+    ("cert", "cli.cert:cert_app"),
+    ("history", "cli.history:history_app"),
+    ("keys", "cli.keys:keys_app"),
+    ("bench", "cli.bench.command:bench_app"),
+)
+for _name, _where in _COMMANDS:
+    app.command(_where, name=_name)
 register_completion(app)
 
 

@@ -29,10 +29,10 @@ import yaml
 from cyclopts import App, CycloptsError
 
 import agent.main as llmgw_agent
-import app.main as llmgw_server
 from agent.config_values import parse_port_range, parse_server
 from agent.gpus.fake import parse_fake_gpus
 from agent.simulator.flags import UsageError, parse
+from app.commands.serve import serve as serve_command
 from app.domain.model_spec import COMMAND_PLACEHOLDERS, ModelSpec, validate_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -385,7 +385,7 @@ def test_postgres_and_the_server_have_health_checks() -> None:
 
 def test_the_server_serves_the_admin_and_client_listeners_on_published_ports() -> None:
     (command, serve), *_ = resolved("server")
-    assert command is llmgw_server.serve
+    assert command is serve_command
     published = {port.rsplit(":", 1)[-1] for port in SERVICES["server"]["ports"]}
     for listener in ("admin", "client"):
         assert serve.arguments[f"{listener}_host"] == "0.0.0.0"
