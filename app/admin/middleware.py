@@ -164,6 +164,8 @@ def log_requests(app: ASGIApp) -> ASGIApp:
             await app(scope, receive, send)
             return
         request_id = request_id_of(scope)
+        # As the client sent it: the router rewrites the scope's path (``//`` collapsed).
+        path = scope.get("path", "")
         state: dict[str, Any] = scope.setdefault("state", {})
         state[REQUEST_ID_KEY] = request_id
         started = time.perf_counter()
@@ -187,7 +189,6 @@ def log_requests(app: ASGIApp) -> ASGIApp:
             try:
                 await app(scope, receive, send_with_id)
             finally:
-                path = scope.get("path", "")
                 if path not in _QUIET_PATHS or status >= 500:
                     duration_s = time.perf_counter() - started
                     log.log(

@@ -46,6 +46,9 @@ async def admin(pg_store: PostgresEventStore) -> AsyncIterator[httpx.AsyncClient
         ("HEAD", "/admin/v1/models/llama/scale", 405, None),
         ("GET", "/admin/v1/models", 200, OPERATOR),
         ("HEAD", "/admin/v1/models", 200, OPERATOR),
+        # Logged as sent: the router's collapsed path would name a model "autoscale".
+        ("DELETE", "/admin/v1/models//autoscale", 404, None),
+        ("GET", "/admin/v1//models", 404, None),
     ],
 )
 async def test_every_request_is_one_line_carrying_the_id_of_its_answer(
