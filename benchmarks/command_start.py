@@ -69,8 +69,7 @@ def run_once(checkout: Path, argv: tuple[str, ...]) -> tuple[float, float, int]:
     )
     _, status, usage = os.wait4(process.pid, 0)
     wall_s = time.perf_counter() - started
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return usage.ru_utime + usage.ru_stime, wall_s, process.returncode
+    return usage.ru_utime + usage.ru_stime, wall_s, os.waitstatus_to_exitcode(status)
 
 
 def main() -> None:

@@ -35,33 +35,29 @@ app = App(
 )
 # Each command's module is imported when that command runs (or ``--help`` lists them all):
 # a command pays for its own imports alone, the local CA's none of the HTTP client's.
-_COMMANDS = (
-    ("nodes", "cli.nodes:list_nodes"),
-    ("node", "cli.nodes:show_node"),
-    ("models", "cli.models:models_app"),
-    ("model", "cli.models:show_model"),
-    ("scale", "cli.models:scale"),
-    ("autoscale", "cli.autoscale:autoscale"),
-    ("remove", "cli.models:remove"),
-    ("replicas", "cli.replicas:list_replicas"),
-    ("replica", "cli.replicas:show_replica"),
-    ("explain-placement", "cli.placement:explain_placement"),
-    ("cordon", "cli.nodes:cordon"),
-    ("uncordon", "cli.nodes:uncordon"),
-    ("drain", "cli.drain:drain"),
-    ("drain-progress", "cli.drain:drain_progress"),
-    ("drain-cancel", "cli.drain_cancel:drain_cancel"),
-    ("forget", "cli.forget:forget"),
-    ("forget-ended", "cli.forget_ended:forget_ended"),
-    ("rollout", "cli.rollout:rollout_app"),
-    ("events", "cli.events:events"),
-    ("cert", "cli.cert:cert_app"),
-    ("history", "cli.history:history_app"),
-    ("keys", "cli.keys:keys_app"),
-    ("bench", "cli.bench.command:bench_app"),
-)
-for _name, _where in _COMMANDS:
-    app.command(_where, name=_name)
+app.command("cli.nodes:list_nodes", name="nodes")
+app.command("cli.nodes:show_node", name="node")
+app.command("cli.models:models_app", name="models")
+app.command("cli.models:show_model", name="model")
+app.command("cli.models:scale", name="scale")
+app.command("cli.autoscale:autoscale", name="autoscale")
+app.command("cli.models:remove", name="remove")
+app.command("cli.replicas:list_replicas", name="replicas")
+app.command("cli.replicas:show_replica", name="replica")
+app.command("cli.placement:explain_placement", name="explain-placement")
+app.command("cli.nodes:cordon", name="cordon")
+app.command("cli.nodes:uncordon", name="uncordon")
+app.command("cli.drain:drain", name="drain")
+app.command("cli.drain:drain_progress", name="drain-progress")
+app.command("cli.drain_cancel:drain_cancel", name="drain-cancel")
+app.command("cli.forget:forget", name="forget")
+app.command("cli.forget_ended:forget_ended", name="forget-ended")
+app.command("cli.rollout:rollout_app", name="rollout")
+app.command("cli.events:events", name="events")
+app.command("cli.cert:cert_app", name="cert")
+app.command("cli.history:history_app", name="history")
+app.command("cli.keys:keys_app", name="keys")
+app.command("cli.bench.command:bench_app", name="bench")
 register_completion(app)
 
 
