@@ -100,14 +100,17 @@ async def wait_until_unhealthy(port: int, path: str, liveness: Liveness) -> str:
     Checks start on a fixed cadence, one interval apart: a check that waits out its
     timeout (an interval) ends as the next one is due, and does not push it back. Sleeping
     an interval after each check put a hung engine's checks two intervals apart, and
-    ended it after twice the time the reason line and ``Liveness.failures`` tell."""
+    ended it after twice the time the reason line and ``Liveness.failures`` tell. The
+    first check is due one interval after the call."""
     interval_s = liveness.interval_s
     loop = asyncio.get_running_loop()
+    # The cadence starts with the watch: the client's set-up is part of the first
+    # interval, not added to it.
+    next_check_at = loop.time() + interval_s
     async with httpx.AsyncClient(
         base_url=readiness_url(port), timeout=interval_s, trust_env=False
     ) as client:
         missed = 0
-        next_check_at = loop.time() + interval_s
         while True:
             await asyncio.sleep(max(0.0, next_check_at - loop.time()))
             # Checks more than an interval late (a suspended machine) are not made up for.
