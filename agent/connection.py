@@ -81,7 +81,8 @@ from agent.refusal_advice import (
     node_certificate_hint,
     refusal_advice,
 )
-from app.pki import explain_tls_failure, fetch_presented_certificate, ssl_error_in
+from app.pki.explain import explain_tls_failure, ssl_error_in
+from app.pki.tls import fetch_presented_certificate
 from wire.messages import MAX_MESSAGE_BYTES, CloseCode
 
 log = structlog.get_logger("llmgw.agent")

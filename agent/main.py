@@ -47,13 +47,9 @@ from agent.runtime import AgentRuntime
 from agent.state_dir import StateDirBusy, lock_state_dir, unusable_state_dir
 from agent.stop_engines_command import stop_engines
 from app.logs import configure_logging
-from app.pki import (
-    CertificateFileError,
-    CertificateNotYetValid,
-    TlsConfigurationError,
-    client_ssl_context,
-)
+from app.pki.errors import CertificateFileError, CertificateNotYetValid, TlsConfigurationError
 from app.pki.files import load_certificate
+from app.pki.tls import client_ssl_context
 from app.usage_errors import (
     finite_number_flag,
     one_line_usage_errors,

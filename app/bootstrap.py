@@ -57,8 +57,9 @@ from app.listeners.binding import bound_listener
 from app.listeners.limits import ListenerLimits
 from app.listeners.refusals import ListenerRefusals
 from app.listeners.throttle import FailureBudget
-from app.pki import CertificateFileError, TlsConfigurationError, server_ssl_context
 from app.pki.ends import CertificateEnd, CertificateRole, ending_soon, read_ends, unique_ends
+from app.pki.errors import CertificateFileError, TlsConfigurationError
+from app.pki.tls import server_ssl_context
 from app.services.agent_reports import ReportHandler
 from app.services.control_plane import (
     ControlPlane,

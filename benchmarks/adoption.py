@@ -80,7 +80,7 @@ from app.domain.events import (
     replica_stream,
 )
 from app.domain.model_spec import ModelSpec
-from app.pki import client_ssl_context
+from app.pki.tls import client_ssl_context
 from app.store.database import create_engine
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore

@@ -84,8 +84,10 @@ import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from app.pki import build_ca, client_ssl_context, generate_key, issue_node, issue_server
+from app.pki.builders import build_ca, issue_node, issue_server
 from app.pki.files import write_ca, write_issued
+from app.pki.keys import generate_key
+from app.pki.tls import client_ssl_context
 from benchmarks.common import (
     BenchServer,
     Machine,

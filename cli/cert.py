@@ -15,23 +15,13 @@ import msgspec
 from cryptography import x509
 from cyclopts import App, Parameter
 
-from app.pki import (
-    CaNotFound,
-    CertificateAuthority,
-    CertificateDescription,
-    InvalidRequest,
-    PkiError,
-    build_ca,
-    describe,
-    generate_key,
-    issue_node,
-    issue_operator,
-    issue_server,
-)
+from app.pki.builders import build_ca, issue_node, issue_operator, issue_server
+from app.pki.describe import CertificateDescription, describe
+from app.pki.errors import CaNotFound, InvalidRequest, PkiError
 from app.pki.files import IssuedFiles, load_ca, load_certificate, write_ca, write_issued
 from app.pki.issued import record_issued
-from app.pki.keys import PrivateKey
-from app.pki.model import MAX_DAYS
+from app.pki.keys import PrivateKey, generate_key
+from app.pki.model import MAX_DAYS, CertificateAuthority
 from app.pki.names import check_host, check_subject_name, parse_ip
 from cli.arguments import UsageError, filled_path, whole_number
 from cli.cert_replacement import RevocationUnknown, issue_time, node_revoked_at

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from cyclopts import Parameter
 
-from app.pki.files import MAX_PEM_FILE_BYTES
+from app.pki.limits import MAX_PEM_FILE_BYTES
 from app.regular_file import FileMissing, FileRefused, irregular_kind, read_file_or_pipe
 from cli.render import warn
 

@@ -44,7 +44,9 @@ from app.admin.middleware import ACTOR_KEY
 from app.admin.tls import TLS_EXTENSION
 from app.listeners.http11 import retry_after_header
 from app.listeners.throttle import FailureBudget
-from app.pki import CertificateKind, CertificateRejected, PeerIdentity, peer_identity
+from app.pki.errors import CertificateRejected
+from app.pki.model import CertificateKind
+from app.pki.tls import PeerIdentity, peer_identity
 
 log = structlog.get_logger(__name__)
 

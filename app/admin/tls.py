@@ -23,7 +23,7 @@ from app.admin.bodies import MAX_BODY_BYTES
 from app.admin.errors import problem_body
 from app.listeners.limits import DEFAULT_KEEP_ALIVE_S, ListenerLimits, limited
 from app.listeners.refusals import ListenerRefusals
-from app.pki import server_ssl_context
+from app.pki.tls import server_ssl_context
 
 TLS_EXTENSION = "tls"
 _TLS_VERSIONS = {"TLSv1.2": 0x0303, "TLSv1.3": 0x0304}

@@ -43,7 +43,7 @@ from app.hub.arrivals import OpeningConnections
 from app.hub.gate import HandshakeGate
 from app.hub.refusals import DEFAULT_MAX_KEYS
 from app.listeners.throttle import address_group
-from app.pki import explain_node_certificate_refusal
+from app.pki.explain import explain_node_certificate_refusal
 from wire.messages import MAX_MESSAGE_BYTES
 
 OVER_CAP_LOG_INTERVAL_S = 60.0

@@ -46,8 +46,10 @@ from app.hub.connection import AgentConnection
 from app.hub.edge import report_of
 from app.hub.reconnects import ConnectBudget, ConnectLimits
 from app.hub.session import Close, ConnectionRefused, IdentityMismatch, PeerCertificate
-from app.pki import CertificateKind, CertificateRejected, PeerIdentity, peer_identity
 from app.pki.describe import common_name, serial_hex
+from app.pki.errors import CertificateRejected
+from app.pki.model import CertificateKind
+from app.pki.tls import PeerIdentity, peer_identity
 from wire.messages import CloseCode, fit_close_reason
 
 DEFAULT_INTERVAL_S = 60.0

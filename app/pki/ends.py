@@ -21,7 +21,7 @@ from cryptography import x509
 
 from app.pki.describe import serial_hex
 from app.pki.errors import UnreadableFile
-from app.pki.files import MAX_PEM_FILE_BYTES
+from app.pki.limits import MAX_PEM_FILE_BYTES
 from app.regular_file import FileRefused, read_regular_file
 
 WARN_WITHIN = timedelta(days=30)

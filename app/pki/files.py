@@ -22,6 +22,7 @@ from app.pki.errors import (
     UnreadableFile,
 )
 from app.pki.keys import PrivateKey, certificate_pem, private_key_pem
+from app.pki.limits import MAX_PEM_FILE_BYTES
 from app.pki.model import CertificateAuthority
 from app.regular_file import FileRefused, not_a_directory, read_regular_file
 
@@ -30,8 +31,6 @@ CA_KEY = "ca.key"
 KEY_MODE = 0o600
 CERTIFICATE_MODE = 0o644
 DIRECTORY_MODE = 0o700
-MAX_PEM_FILE_BYTES = 512 * 1024
-"""The largest certificate or key file read: a chain of certificates is a few KiB each."""
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from app.pki.errors import (
     InvalidRequest,
     TlsConfigurationError,
 )
-from app.pki.files import MAX_PEM_FILE_BYTES
+from app.pki.limits import MAX_PEM_FILE_BYTES
 from app.pki.model import CLOCK_SKEW, CertificateKind
 from app.pki.names import check_subject_name
 from app.regular_file import FileRefused, check_regular_file

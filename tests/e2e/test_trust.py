@@ -17,7 +17,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from app.pki import client_ssl_context
+from app.pki.tls import client_ssl_context
 from tests.support.cluster import SIMULATOR_COMMAND, Cluster, about, node_of
 from tests.support.fleet import LOOPBACK
 from tests.support.traffic import Traffic, serves

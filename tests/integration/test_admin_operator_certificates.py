@@ -16,8 +16,9 @@ import pytest
 import pytest_asyncio
 
 from app.admin.tls import tls_extension
-from app.pki import generate_key, issue_operator
+from app.pki.builders import issue_operator
 from app.pki.files import load_ca, write_issued
+from app.pki.keys import generate_key
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import (
     Pki,

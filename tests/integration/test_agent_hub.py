@@ -44,13 +44,8 @@ from app.hub.connection import LIVENESS_TIMEOUT_S
 from app.hub.edge import command_to_wire, report_of
 from app.hub.hub import AgentHub
 from app.hub.session import AgentHello
-from app.pki import (
-    CertificateAuthority,
-    Usage,
-    Validity,
-    issue,
-    issue_operator,
-)
+from app.pki.builders import issue, issue_operator
+from app.pki.model import CertificateAuthority, Usage, Validity
 from app.services.agent_reports import ReportRecorder
 from app.store.interface import NO_STREAM, AppendRequest, NewEvent, StillHolds
 from app.store.postgres import PostgresEventStore

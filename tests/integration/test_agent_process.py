@@ -54,20 +54,11 @@ from app.hub.session import (
     Send,
     ShardStatusReported,
 )
-from app.pki import (
-    CertificateKind,
-    Usage,
-    Validity,
-    build_ca,
-    generate_key,
-    issue,
-    issue_node,
-    issue_server,
-    peer_identity,
-    server_ssl_context,
-)
+from app.pki.builders import build_ca, issue, issue_node, issue_server
 from app.pki.files import write_ca, write_issued
-from app.pki.keys import PrivateKey
+from app.pki.keys import PrivateKey, generate_key
+from app.pki.model import CertificateKind, Usage, Validity
+from app.pki.tls import peer_identity, server_ssl_context
 from devcluster.programs import EnginesOnExit
 from tests.support.fleet import (
     AGENT,

@@ -42,7 +42,7 @@ from app.domain.events import (
 from app.domain.model_spec import ModelSpec
 from app.domain.reports import AgentConnected, AgentReport, HeartbeatReport, ShardStatusReport
 from app.hub.hub import AgentHub
-from app.pki import server_ssl_context
+from app.pki.tls import server_ssl_context
 from app.services.agent_reports import ReportRecorder, agent_actor
 from app.store.interface import NO_STREAM, NewEvent
 from app.store.postgres import PostgresEventStore

@@ -27,7 +27,7 @@ import pytest_asyncio
 
 from app.domain.envelope import Meta
 from app.domain.events import NodeCordoned, node_stream
-from app.pki import server_ssl_context
+from app.pki.tls import server_ssl_context
 from app.store.database import create_engine
 from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore

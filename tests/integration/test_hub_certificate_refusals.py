@@ -21,9 +21,9 @@ from structlog.testing import capture_logs
 from websockets.exceptions import InvalidMessage
 
 from app.hub.hub import AgentHub
-from app.pki import CertificateAuthority, CertificateKind, Usage, Validity, issue, issue_node
+from app.pki.builders import issue, issue_node
 from app.pki.keys import PrivateKey
-from app.pki.model import CLOCK_SKEW
+from app.pki.model import CLOCK_SKEW, CertificateAuthority, CertificateKind, Usage, Validity
 from tests.support.hub import (
     ENGINE_ADDRESS,
     Pki,

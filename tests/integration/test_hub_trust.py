@@ -35,7 +35,7 @@ from app.domain.model_spec import ModelSpec
 from app.domain.revocations import PresentedCertificate
 from app.hub.budget import MessageBudget
 from app.hub.hub import AgentHub
-from app.pki import issue_node
+from app.pki.builders import issue_node
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.hub import (

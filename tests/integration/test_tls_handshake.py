@@ -19,27 +19,19 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from app.pki import (
-    CertificateKind,
-    CertificateRejected,
+from app.pki.builders import build_ca, issue, issue_node, issue_operator, issue_server
+from app.pki.errors import CertificateRejected
+from app.pki.explain import explain_tls_failure
+from app.pki.files import load_certificate, write_ca, write_issued
+from app.pki.keys import PrivateKey, generate_key
+from app.pki.model import CLOCK_SKEW, CertificateKind, Usage, Validity
+from app.pki.tls import (
     PeerIdentity,
-    Usage,
-    Validity,
-    build_ca,
     client_ssl_context,
-    explain_tls_failure,
     fetch_presented_certificate,
-    generate_key,
-    issue,
-    issue_node,
-    issue_operator,
-    issue_server,
     peer_identity,
     server_ssl_context,
 )
-from app.pki.files import load_certificate, write_ca, write_issued
-from app.pki.keys import PrivateKey
-from app.pki.model import CLOCK_SKEW
 
 LOOPBACK = "127.0.0.1"
 DEADLINE_S = 10.0

@@ -48,9 +48,9 @@ from app.domain.events import (
 from app.listeners.limits import ListenerLimits
 from app.listeners.refusals import ListenerRefusals
 from app.listeners.throttle import FailureBudget, FailureLimits
-from app.pki import build_ca, generate_key, issue_node, issue_operator, issue_server
+from app.pki.builders import build_ca, issue_node, issue_operator, issue_server
 from app.pki.files import write_ca, write_issued
-from app.pki.keys import PrivateKey
+from app.pki.keys import PrivateKey, generate_key
 from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.waiting import wait_until

@@ -25,16 +25,11 @@ from pathlib import Path
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from app.pki import (
-    CertificateAuthority,
-    build_ca,
-    client_ssl_context,
-    generate_key,
-    issue_node,
-    issue_server,
-    server_ssl_context,
-)
+from app.pki.builders import build_ca, issue_node, issue_server
 from app.pki.files import write_ca, write_issued
+from app.pki.keys import generate_key
+from app.pki.model import CertificateAuthority
+from app.pki.tls import client_ssl_context, server_ssl_context
 from wire.messages import (
     PROTOCOL_VERSION,
     AgentMessage,

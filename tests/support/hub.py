@@ -27,17 +27,11 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from app.domain.events import event_type
 from app.hub.hub import AgentHub
-from app.pki import (
-    CertificateAuthority,
-    build_ca,
-    client_ssl_context,
-    generate_key,
-    issue_node,
-    issue_server,
-    server_ssl_context,
-)
+from app.pki.builders import build_ca, issue_node, issue_server
 from app.pki.files import write_ca, write_issued
-from app.pki.keys import PrivateKey
+from app.pki.keys import PrivateKey, generate_key
+from app.pki.model import CertificateAuthority
+from app.pki.tls import client_ssl_context, server_ssl_context
 from app.services.agent_reports import ReportHandler, ReportRecorder
 from app.store.postgres import PostgresEventStore
 from wire.messages import (

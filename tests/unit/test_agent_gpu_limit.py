@@ -18,8 +18,9 @@ from agent.gpu_limit import GpusOverLimit, within_node_limit
 from agent.gpus import GpuSource
 from agent.runtime import AgentRuntime
 from app.hub.claims import inventory_refusal
-from app.pki import build_ca, generate_key, issue_node
+from app.pki.builders import build_ca, issue_node
 from app.pki.files import write_ca, write_issued
+from app.pki.keys import generate_key
 from tests.unit.test_agent_vanished_gpus import ScriptedGpus, a_config, a_gpu, hello_of, listed
 from wire.messages import MAX_GPUS_PER_NODE
 

@@ -37,16 +37,10 @@ from agent.gpus import GpuSnapshot, GpuStatus
 from agent.reports import shard_status
 from agent.runtime import build_hello, shard_spec, start_refusal
 from app.hub.claims import MAX_SHARDS_PER_NODE, inventory_refusal
-from app.pki import (
-    build_ca,
-    client_ssl_context,
-    generate_key,
-    issue_node,
-    issue_server,
-    server_ssl_context,
-)
+from app.pki.builders import build_ca, issue_node, issue_server
 from app.pki.files import write_ca, write_issued
-from app.pki.keys import PrivateKey
+from app.pki.keys import PrivateKey, generate_key
+from app.pki.tls import client_ssl_context, server_ssl_context
 from wire.errors import ProtocolError
 from wire.messages import (
     GpuHealthChange,

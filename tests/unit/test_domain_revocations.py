@@ -20,7 +20,7 @@ from app.domain.revocations import (
     revoke,
 )
 from app.domain.state import ClusterState, Node
-from app.pki import InvalidRequest
+from app.pki.errors import InvalidRequest
 from app.pki.names import check_subject_name
 from wire.messages import fit_close_reason
 

@@ -35,3 +35,25 @@ def test_a_programs_command_line_imports_none_of_its_commands(
     )
 
     assert loaded.stdout.split() == []
+
+
+def test_a_command_over_http_loads_no_certificate_library() -> None:
+    """``llmgw-cli nodes`` against an http admin URL never speaks TLS, so it loads neither
+    ``cryptography`` nor the package metadata (only ``--version`` reads it); TLS errors,
+    certificate files and ``https`` load them when they come."""
+    code = (
+        "import sys\n"
+        "from cli.main import main\n"
+        "sys.argv = ['llmgw-cli', 'nodes', '--admin-url', 'http://127.0.0.1:9']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(' '.join(m for m in ('cryptography', 'importlib.metadata') if m in sys.modules))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+
+    assert "cannot reach the admin API" in loaded.stderr
+    assert loaded.stdout.split() == []

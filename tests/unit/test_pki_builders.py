@@ -13,19 +13,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
-from app.pki import (
-    CertificateAuthority,
-    InvalidRequest,
-    Usage,
-    Validity,
-    build_ca,
-    generate_key,
-    issue,
-    issue_node,
-    issue_operator,
-    issue_server,
-)
-from app.pki.keys import PrivateKey
+from app.pki.builders import build_ca, issue, issue_node, issue_operator, issue_server
+from app.pki.errors import InvalidRequest
+from app.pki.keys import PrivateKey, generate_key
+from app.pki.model import CertificateAuthority, Usage, Validity
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 SKEW = timedelta(minutes=5)

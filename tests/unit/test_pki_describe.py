@@ -9,20 +9,10 @@ import msgspec
 import pytest
 from cryptography.hazmat.primitives import hashes
 
-from app.pki import (
-    CertificateAuthority,
-    CertificateKind,
-    Usage,
-    Validity,
-    build_ca,
-    describe,
-    generate_key,
-    issue,
-    issue_node,
-    issue_operator,
-    issue_server,
-    kind_of,
-)
+from app.pki.builders import build_ca, issue, issue_node, issue_operator, issue_server
+from app.pki.describe import describe, kind_of
+from app.pki.keys import generate_key
+from app.pki.model import CertificateAuthority, CertificateKind, Usage, Validity
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 

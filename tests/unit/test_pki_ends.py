@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from app.pki import build_ca, generate_key
+from app.pki.builders import build_ca
 from app.pki.ends import CertificateRole, ending_soon, read_ends
 from app.pki.errors import UnreadableFile
+from app.pki.keys import generate_key
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 

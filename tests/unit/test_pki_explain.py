@@ -13,16 +13,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from cryptography import x509
 
-from app.pki import (
-    CertificateAuthority,
-    Usage,
-    Validity,
-    build_ca,
-    explain_tls_failure,
-    generate_key,
-    issue,
-    issue_server,
-)
+from app.pki.builders import build_ca, issue, issue_server
+from app.pki.explain import explain_tls_failure
+from app.pki.keys import generate_key
+from app.pki.model import CertificateAuthority, Usage, Validity
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -11,22 +11,21 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from app.pki import (
+from app.pki.builders import build_ca, issue_node
+from app.pki.errors import (
     CaNotFound,
-    CertificateAuthority,
     CertificateFileError,
     RefusedOverwrite,
     UnprotectedKey,
     UnreadableFile,
-    build_ca,
-    generate_key,
-    issue_node,
 )
 from app.pki.files import load_ca, load_certificate, write_ca, write_issued
+from app.pki.keys import generate_key
+from app.pki.model import CertificateAuthority
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 MAX_PEM_FILE_BYTES = 512 * 1024
-"""``app.pki.files.MAX_PEM_FILE_BYTES``, as its refusals say it."""
+"""``app.pki.limits.MAX_PEM_FILE_BYTES``, as its refusals say it."""
 
 
 def mode(path: Path) -> int:

@@ -14,24 +14,12 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from app.pki import (
-    CertificateAuthority,
-    CertificateKind,
-    CertificateRejected,
-    TlsConfigurationError,
-    Usage,
-    Validity,
-    build_ca,
-    client_ssl_context,
-    generate_key,
-    issue,
-    issue_node,
-    issue_operator,
-    issue_server,
-    peer_identity,
-    server_ssl_context,
-)
+from app.pki.builders import build_ca, issue, issue_node, issue_operator, issue_server
+from app.pki.errors import CertificateRejected, TlsConfigurationError
 from app.pki.files import write_ca, write_issued
+from app.pki.keys import generate_key
+from app.pki.model import CertificateAuthority, CertificateKind, Usage, Validity
+from app.pki.tls import client_ssl_context, peer_identity, server_ssl_context
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
