@@ -70,8 +70,13 @@ types:
 # for the tests' own timeouts.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n * 3 / 2 > 0 ? n * 3 / 2 : 1 )))
 
+# Bytecode is written and read during the run whatever PYTHONDONTWRITEBYTECODE the
+# environment sets (this machine's does): the tests start about a thousand llmgw
+# programs, and each would otherwise compile every module of the tree it imports (a
+# quarter of `serve`'s start-up CPU), as each pytest process would rewrite and compile
+# every test module.
 test:
-	status=0; \
+	status=0; export PYTHONDONTWRITEBYTECODE=; \
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m 'not serial' || status=$$?; \
 	$(PY) -m pytest -q -m serial || { code=$$?; [ $$status -ne 0 ] || status=$$code; }; \
 	exit $$status
