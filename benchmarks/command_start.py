@@ -113,10 +113,10 @@ def variants(stack: ExitStack, bytecode: str, checkouts: list[Path]) -> list[Var
     if bytecode == "compare":
         this = checkouts[-1]
         never = stack.enter_context(copied_packages(this, compiled=False))
-        compiled = stack.enter_context(copied_packages(this, compiled=True))
+        built = stack.enter_context(copied_packages(this, compiled=True))
         return [
             Variant("none", this, never, write_bytecode=False),
-            Variant("cached", this, compiled),
+            Variant("cached", this, built),
         ]
     if bytecode == "tree":
         return [Variant(checkout.name, checkout) for checkout in checkouts]
