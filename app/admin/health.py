@@ -22,7 +22,7 @@ from app.admin.schemas import CheckView, ReadinessView
 from app.clock_offset import leader_clock_problem, read_clock
 from app.store.database import database_clock, ping, translated_errors
 from app.store.errors import StoreError
-from app.store.migrate import (
+from app.store.schema import (
     ReleaseRevisions,
     SchemaStanding,
     current_revision,

@@ -17,8 +17,8 @@ from app.domain.egress import EngineNetworks
 from app.store.database_url import InvalidDatabaseUrl, parse_database_url
 from app.store.errors import StoreUnavailable
 from app.store.grants import DEFAULT_RUNTIME_ROLE
-from app.store.migrate import schema_refusal, schema_revision
 from app.store.privileges import CONNECT_TIMEOUT_S, may_append, privileged_role
+from app.store.schema import schema_refusal, schema_revision
 from app.usage_errors import print_command_error
 
 log = structlog.get_logger(__name__)

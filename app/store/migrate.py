@@ -13,17 +13,12 @@ the same revision.
 from __future__ import annotations
 
 import asyncio
-import enum
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TypeVar, assert_never
+from typing import TypeVar
 
 from alembic import command
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -34,7 +29,6 @@ from app.store.database import (
     translated_errors,
     waiting_engine,
 )
-from app.store.errors import StoreError
 from app.store.grants import (
     RuntimeRole,
     check_roles,
@@ -42,6 +36,7 @@ from app.store.grants import (
     grant_gateway_privileges,
     grant_runtime_privileges,
 )
+from app.store.schema import migrations_dir, release_revisions
 
 T = TypeVar("T")
 
@@ -57,28 +52,6 @@ rollback, and by a run killed half-way."""
 def take_migrate_lock(connection: Connection) -> None:
     """Wait for any other ``migrate`` step to end, in ``connection``'s transaction."""
     connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATE_LOCK_KEY})
-
-
-PACKAGED_MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
-"""``app/migrations``, installed with the package."""
-
-
-class MigrationsNotFound(StoreError):
-    pass
-
-
-def migrations_dir() -> Path:
-    """The packaged migrations, or the directory ``LLMGW_MIGRATIONS_DIR`` names instead."""
-    configured = os.environ.get("LLMGW_MIGRATIONS_DIR")
-    directory = Path(configured) if configured else PACKAGED_MIGRATIONS
-    source = " (LLMGW_MIGRATIONS_DIR)" if configured else ""
-    if not directory.is_dir():
-        raise MigrationsNotFound(f"the migrations directory {directory}{source} does not exist")
-    if not (directory / "env.py").is_file():
-        raise MigrationsNotFound(
-            f"the migrations directory {directory}{source} holds no Alembic env.py"
-        )
-    return directory
 
 
 def alembic_config(url: str) -> Config:
@@ -148,116 +121,7 @@ def downgrade(url: str, revision: str = "base") -> None:
 
 
 def head_revision() -> str | None:
-    return ScriptDirectory(str(migrations_dir())).get_current_head()
-
-
-class SchemaStanding(enum.Enum):
-    """Where a database's schema stands against this release's migrations."""
-
-    CURRENT = "current"
-    """At this release's newest revision."""
-    MISSING = "missing"
-    """Not migrated: no llmgw schema in it."""
-    OLDER = "older"
-    """At a revision this release knows, below its newest: ``migrate`` brings it up."""
-    NEWER = "newer"
-    """At a revision this release does not know: a newer release migrated it, and
-    ``migrate`` of this one cannot take it back."""
-
-
-@dataclass(frozen=True)
-class ReleaseRevisions:
-    """The revisions this release's migration scripts know (``release_revisions()``)."""
-
-    head: str | None
-    known: frozenset[str]
-
-    def standing(self, revision: str | None) -> SchemaStanding:
-        """Where a schema at ``revision`` (None: no schema) stands."""
-        if revision == self.head:
-            return SchemaStanding.CURRENT
-        if revision is None:
-            return SchemaStanding.MISSING
-        if revision in self.known:
-            return SchemaStanding.OLDER
-        return SchemaStanding.NEWER
-
-    def refusal(self, revision: str | None, *, newer_allowed: bool = False) -> str | None:
-        """Why a server of this release must not run on a schema at ``revision``, in words
-        for the operator; None at this release's newest revision, and at one it does not
-        know when ``newer_allowed`` (a gateway: it goes on serving while a newer release is
-        rolled out)."""
-        head = self.head
-        match self.standing(revision):
-            case SchemaStanding.CURRENT:
-                return None
-            case SchemaStanding.MISSING:
-                return (
-                    "the database is not migrated (no llmgw schema in it); run `llmgw-server "
-                    "migrate` of this release first, as the schema's owner, to bring it to "
-                    f"revision {head}"
-                )
-            case SchemaStanding.OLDER:
-                return (
-                    f"the database schema is at revision {revision}, this release needs "
-                    f"{head}; run `llmgw-server migrate` of this release first, as the "
-                    "schema's owner (docs/operations.md#upgrades)"
-                )
-            case SchemaStanding.NEWER:
-                if newer_allowed:
-                    return None
-                return (
-                    f"the database schema is at revision {revision}, which this release does "
-                    f"not know (its newest is {head}): a newer llmgw release migrated it; run "
-                    "that release"
-                )
-            case unreachable:
-                assert_never(unreachable)
-
-
-def release_revisions() -> ReleaseRevisions:
-    """Reads the migration scripts: blocking, and seconds on a cold start, so a server reads
-    them once, off its event loop."""
-    script = ScriptDirectory(str(migrations_dir()))
-    known = frozenset(each.revision for each in script.walk_revisions())
-    return ReleaseRevisions(script.get_current_head(), known)
-
-
-def schema_refusal(revision: str | None, *, newer_allowed: bool = False) -> str | None:
-    """``ReleaseRevisions.refusal`` after reading the migration scripts (blocking)."""
-    return release_revisions().refusal(revision, newer_allowed=newer_allowed)
-
-
-async def current_revision(engine: AsyncEngine) -> str | None:
-    async with engine.connect() as conn:
-        return await conn.run_sync(
-            lambda sync: MigrationContext.configure(sync).get_current_revision()
-        )
-
-
-INSUFFICIENT_PRIVILEGE = "42501"
-"""PostgreSQL's SQLSTATE for a statement the role may not run."""
-
-
-async def schema_revision(engine: AsyncEngine) -> str | None:
-    """The revision the database's schema is at (None: not migrated). Raises ``StoreError``
-    when it cannot be asked, saying how to grant the runtime privileges to a role that may
-    not read it (a runtime role set up for one database and pointed at another: privileges
-    belong to one database)."""
-    try:
-        async with translated_errors():
-            return await current_revision(engine)
-    except StoreError as exc:
-        if (
-            getattr(getattr(exc.__cause__, "orig", None), "sqlstate", None)
-            == INSUFFICIENT_PRIVILEGE
-        ):
-            raise StoreError(
-                f"{exc}: the role lacks the runtime privileges in this database; as the "
-                "schema's owner, grant them with `llmgw-server migrate --runtime-role ROLE` "
-                "(docs/security.md)"
-            ) from exc
-        raise
+    return release_revisions().head
 
 
 def migration_engine(url: str, answer_timeout_s: float | None) -> AsyncEngine:

@@ -57,3 +57,18 @@ def test_a_command_over_http_loads_no_certificate_library() -> None:
 
     assert "cannot reach the admin API" in loaded.stderr
     assert loaded.stdout.split() == []
+
+
+def test_the_commands_that_check_the_schema_at_start_load_no_alembic() -> None:
+    """``serve``, ``gateway`` and ``log`` read the schema's revision at every start (and
+    ``/readyz`` at every probe) from what Alembic wrote, without Alembic: only ``migrate``
+    and ``projections`` load it."""
+    code = (
+        "import sys, app.commands.serve, app.commands.gateway, app.commands.log\n"
+        "print(' '.join(m for m in sys.modules if m.split('.')[0] == 'alembic'))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+
+    assert loaded.stdout.split() == []
