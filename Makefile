@@ -72,9 +72,9 @@ TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n * 3 / 2 >
 
 # Bytecode is written and read during the run whatever PYTHONDONTWRITEBYTECODE the
 # environment sets (this machine's does): the tests start about a thousand llmgw
-# programs, and each would otherwise compile every module of the tree it imports (a
-# quarter of `serve`'s start-up CPU), as each pytest process would rewrite and compile
-# every test module.
+# programs, and each would otherwise compile every module of the tree it imports (an
+# eighth of `serve --help`'s CPU: benchmarks/command_start.py --bytecode compare), as each
+# pytest process would rewrite and compile every test module.
 test:
 	status=0; export PYTHONDONTWRITEBYTECODE=; \
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m 'not serial' || status=$$?; \
