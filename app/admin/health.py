@@ -135,8 +135,7 @@ class Readiness:
 
     async def _release_revisions(self) -> ReleaseRevisions:
         if self._release is None:
-            # Reading the migration scripts imports them: seconds on a cold start, so
-            # once, off the event loop.
+            # Reading the migration scripts' files blocks: once, off the event loop.
             self._release = await asyncio.to_thread(release_revisions)
         return self._release
 

@@ -13,6 +13,13 @@ import sys
 import pytest
 
 
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter, as a program's entry point runs."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+
+
 @pytest.mark.parametrize(
     ("program", "left_to_its_commands"),
     [
@@ -30,9 +37,7 @@ def test_a_programs_command_line_imports_none_of_its_commands(
         f"import sys, {program}\n"
         f"print(' '.join(m for m in {left_to_its_commands!r} if m in sys.modules))"
     )
-    loaded = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    )
+    loaded = run_python(code)
 
     assert loaded.stdout.split() == []
 
@@ -51,9 +56,7 @@ def test_a_command_over_http_loads_no_certificate_library() -> None:
         "    pass\n"
         "print(' '.join(m for m in ('cryptography', 'importlib.metadata') if m in sys.modules))"
     )
-    loaded = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    )
+    loaded = run_python(code)
 
     assert "cannot reach the admin API" in loaded.stderr
     assert loaded.stdout.split() == []
@@ -67,8 +70,6 @@ def test_the_commands_that_check_the_schema_at_start_load_no_alembic() -> None:
         "import sys, app.commands.serve, app.commands.gateway, app.commands.log\n"
         "print(' '.join(m for m in sys.modules if m.split('.')[0] == 'alembic'))"
     )
-    loaded = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    )
+    loaded = run_python(code)
 
     assert loaded.stdout.split() == []
